@@ -1,0 +1,221 @@
+"""The chain runner: executes the declared stage notebooks in order with papermill (hand-written glue, not a stage).
+
+A stage is skipped when its notebook, its parameters, the package code and every earlier stage are unchanged since
+its last successful run and all the artifacts it wrote are still there with the same sha256 (recorded in run.json).
+Once one stage runs, every later stage runs too. A failing stage stops the chain; run.json records it as failed.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from filelock import FileLock
+
+from .core import CHAIN_ENV, RunPaths, load_params, repo_root, run_dir_for, sha256_file, sha256_text, write_json
+
+#: The ordered stage list of the chain. Later issues insert their stages here (e.g. "04_emulator").
+STAGES: list[str] = ["01_data", "02_cohort", "03_split", "09_report"]
+
+#: Files of the run folder that are bookkeeping, not stage artifacts.
+_BOOKKEEPING = {"run.json", ".lock"}
+
+#: Packages whose versions run.json records.
+_PACKAGES = ["triage_cf", "numpy", "pandas", "pyarrow", "pandera", "scikit-learn", "scipy", "statsmodels",
+             "matplotlib", "seaborn", "papermill", "nbconvert", "torch", "transformers", "peft", "accelerate"]
+
+
+class StageFailed(RuntimeError):
+    "A stage notebook raised; the message names the stage, the cell and the error."
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: str  # "ran" | "skipped" | "failed"
+    wall_s: float
+
+
+def stage_notebook(stage: str) -> Path:
+    return repo_root() / "nbs" / f"{stage}.ipynb"
+
+
+def _notebook_fingerprint(path: Path) -> str:
+    "sha256 of the notebook's cell sources and types (outputs and metadata ignored)."
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = [[c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"]] for c in nb["cells"]]
+    return sha256_text(json.dumps(cells))
+
+
+def _code_fingerprint() -> str:
+    "sha256 over the package's source files: any code change invalidates every stage."
+    pkg = Path(__file__).resolve().parent
+    h = [f"{p.relative_to(pkg)}:{sha256_file(p)}" for p in sorted(pkg.rglob("*")) if p.is_file() and p.suffix in {".py", ".yaml", ".txt", ".json"} and "__pycache__" not in p.parts]
+    return sha256_text("\n".join(h))
+
+
+def _notebook_parameters(path: Path) -> set[str]:
+    import papermill as pm
+    return set(pm.inspect_notebook(str(path)).keys())
+
+
+def _git_commit() -> dict:
+    root = repo_root()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout.strip())
+    except Exception:
+        commit, dirty = None, None
+    return {"commit": commit, "dirty": dirty}
+
+
+def _package_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for p in _PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _outputs_since(paths: RunPaths, start_ns: int) -> dict[str, str]:
+    "Artifacts (relative path -> sha256) written in the run folder since `start_ns`."
+    out = {}
+    for p in sorted(paths.root.rglob("*")):
+        if not p.is_file() or p.name in _BOOKKEEPING or p.name.endswith(".tmp") or p.name.startswith("."):
+            continue
+        if p.stat().st_mtime_ns >= start_ns:
+            out[str(p.relative_to(paths.root))] = sha256_file(p)
+    return out
+
+
+def _outputs_intact(paths: RunPaths, outputs: dict[str, str]) -> bool:
+    for rel, sha in outputs.items():
+        p = paths.root / rel
+        if not p.is_file() or sha256_file(p) != sha:
+            return False
+    return True
+
+
+def load_run_json(paths: RunPaths) -> dict:
+    if paths.run_json.exists():
+        try:
+            return json.loads(paths.run_json.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            return {}
+    return {}
+
+
+def render_html(nb_path: Path, html_path: Path) -> None:
+    "Render an executed notebook to HTML with nbconvert (Quarto is not needed)."
+    import nbformat
+    from nbconvert import HTMLExporter
+    from .core import atomic_write_text
+    nb = nbformat.read(nb_path, as_version=4)
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    atomic_write_text(html_path, body)
+
+
+def _error_message(stage: str, exc: Exception) -> str:
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    cell = getattr(exc, "exec_count", None)
+    where = f" in cell [{cell}]" if cell is not None else ""
+    return f"stage {stage} failed{where}: {ename}: {evalue}"
+
+
+def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = None, force: bool = False,
+              until: str | None = None, quiet: bool = False, stages: list[str] | None = None,
+              progress: bool | None = None) -> list[StageResult]:
+    """Run the chain for `dataset` under `profile` into the run folder.
+
+    `until`: run only the stages before this one (used by a notebook run by hand to get its inputs).
+    Returns one StageResult per stage; raises StageFailed when a stage fails."""
+    stages = list(stages or STAGES)
+    if until is not None:
+        if until not in stages:
+            raise ValueError(f"unknown stage {until!r}; stages: {stages}")
+        stages = stages[: stages.index(until)]
+    params = load_params(dataset, profile)
+    paths = RunPaths(run_dir_for(dataset, profile, out)).make()
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    results: list[StageResult] = []
+    with FileLock(str(paths.root / ".lock")):
+        run = load_run_json(paths)
+        run.update(dataset=dataset, profile=profile, parameters=params, git=_git_commit(), packages=_package_versions(),
+                   platform={"machine": platform.machine(), "system": platform.system(), "python": sys.executable})
+        run.setdefault("stages", {})
+        code_fp = _code_fingerprint()
+        upstream_key = sha256_text(json.dumps({"dataset": dataset, "profile": profile, "code": code_fp}, sort_keys=True))
+        ran_any = False
+        old_env = os.environ.get(CHAIN_ENV)
+        os.environ[CHAIN_ENV] = "1"
+        try:
+            for stage in stages:
+                nb = stage_notebook(stage)
+                if not nb.exists():
+                    raise FileNotFoundError(f"stage notebook {nb} is missing")
+                declared = _notebook_parameters(nb)
+                stage_params = {k: v for k, v in params.items() if k in declared}
+                stage_params["run_dir"] = str(paths.root)
+                key = sha256_text(json.dumps({"nb": _notebook_fingerprint(nb), "params": {k: v for k, v in stage_params.items() if k != "run_dir"},
+                                              "upstream": upstream_key}, sort_keys=True, default=str))
+                rec = run["stages"].get(stage, {})
+                if (not force and not ran_any and rec.get("status") == "ok" and rec.get("key") == key
+                        and _outputs_intact(paths, rec.get("outputs", {}))):
+                    results.append(StageResult(stage, "skipped", 0.0))
+                    say(f"{stage:<16} skipped   (unchanged)")
+                    upstream_key = key
+                    continue
+                ran_any = True
+                out_nb = paths.notebooks / f"{stage}.ipynb"
+                t0, start_ns = time.perf_counter(), time.time_ns() - 1_000_000
+                run["stages"][stage] = {"status": "running", "key": key, "started": _dt.datetime.now().isoformat(timespec="seconds")}
+                write_json(paths.run_json, run)
+                try:
+                    _execute(nb, out_nb, stage_params, progress=(not quiet) if progress is None else progress)
+                except Exception as exc:  # papermill's PapermillExecutionError or a kernel death
+                    wall = time.perf_counter() - t0
+                    msg = _error_message(stage, exc)
+                    if out_nb.exists():
+                        try: render_html(out_nb, paths.html / f"{stage}.html")
+                        except Exception: pass
+                    run["stages"][stage].update(status="failed", wall_s=round(wall, 3), error=msg,
+                                                notebook=str(out_nb.relative_to(paths.root)))
+                    write_json(paths.run_json, run)
+                    results.append(StageResult(stage, "failed", wall))
+                    say(f"{stage:<16} FAILED    {wall:7.1f} s")
+                    raise StageFailed(f"{msg}\n  executed notebook: {out_nb}") from None
+                render_html(out_nb, paths.html / f"{stage}.html")
+                wall = time.perf_counter() - t0
+                outputs = _outputs_since(paths, start_ns)
+                prov = paths.data / "provenance.json"
+                if prov.exists():
+                    run["data_files"] = json.loads(prov.read_text(encoding="utf-8")).get("files", {})
+                run["stages"][stage].update(status="ok", wall_s=round(wall, 3), outputs=outputs,
+                                            finished=_dt.datetime.now().isoformat(timespec="seconds"))
+                run.pop("error", None)
+                write_json(paths.run_json, run)
+                results.append(StageResult(stage, "ran", wall))
+                say(f"{stage:<16} ran       {wall:7.1f} s")
+                upstream_key = key
+        finally:
+            if old_env is None:
+                os.environ.pop(CHAIN_ENV, None)
+            else:
+                os.environ[CHAIN_ENV] = old_env
+    return results
+
+
+def _execute(nb: Path, out_nb: Path, parameters: dict, progress: bool) -> None:
+    import papermill as pm
+    pm.execute_notebook(str(nb), str(out_nb), parameters=parameters, kernel_name="python3", cwd=str(nb.parent),
+                        progress_bar=progress, log_output=False, request_save_on_cell_execute=False)
