@@ -45,7 +45,7 @@ check-clean: $(STAMP)
 	bash .ci/check_clean.sh
 
 docs: $(STAMP)
-	$(BIN)/python -m triage_cf.docs
+	$(BIN)/python -m triage_cf.docs $(foreach r,$(RUNS),--run $(r))
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/inference.py
