@@ -30,6 +30,18 @@ def _cmd_datasets(args) -> int:
     return 0
 
 
+def _cmd_metrics(args) -> int:
+    from .metrics import metrics_from_csv
+    try:
+        written = metrics_from_csv(args.pairs, args.out, n_boot=args.n_boot, seed=args.seed, ci_method=args.ci)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triage-cf", description="Counterfactual audit of sex/gender disparities in emergency triage.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -41,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_reproduce)
     d = sub.add_parser("datasets", help="list the datasets described in data_manifest/")
     d.set_defaults(func=_cmd_datasets)
+    m = sub.add_parser("metrics", help="bias metrics with bootstrap CIs from your own pairs CSV")
+    m.add_argument("--pairs", required=True, help="CSV with pair_id, orig_sex (F|M), pred_orig, pred_cf, condition [, true_level, model]")
+    m.add_argument("--out", required=True, help="output folder (metrics.csv, and per-level tables when true_level is given)")
+    m.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of pairs (default 1000)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--ci", choices=["percentile", "bca"], default="percentile", help="bootstrap CI method")
+    m.set_defaults(func=_cmd_metrics)
     return p
 
 
