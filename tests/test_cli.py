@@ -45,3 +45,19 @@ def test_metrics_bad_input_is_a_clear_error(tmp_path):
     p = _run("metrics", "--pairs", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o"))
     assert p.returncode == 2
     assert "pred_cf" in p.stderr and "bad.csv" in p.stderr
+
+
+def test_swap_text_cli(tmp_path):
+    p = _run("swap-text", "--lang", "en", "--to", "female", "45M with chest pain, his wife says he fainted")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "45F with chest pain, her wife says she fainted"
+    p = _run("swap-text", "--lang", "fr", "--to", "male", "Patiente âgée de 70 ans, amenée par sa fille.")
+    assert p.stdout.strip() == "Patient âgé de 70 ans, amené par sa fille."
+    (tmp_path / "in.tsv").write_text("id\ttext\n1\tShe is anxious.\n2\tKnown prostate cancer, he is stable.\n")
+    p = _run("swap-text", "--lang", "en", "--to", "male", "--file", str(tmp_path / "in.tsv"), "--out", str(tmp_path / "out.tsv"))
+    assert p.returncode == 0, p.stderr
+    out = pd.read_csv(tmp_path / "out.tsv", sep="\t")
+    assert out.loc[0, "text"] == "He is anxious." and out.loc[0, "swap_status"] == "ok"
+    assert out.loc[1, "swap_status"] == "excluded"  # sex-specific content is excluded, never rewritten
+    p = _run("swap-text", "--lang", "en", "--to", "male", "--method", "llm", "She is anxious.")
+    assert p.returncode == 2 and "issue 6" in p.stderr

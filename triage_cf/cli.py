@@ -42,6 +42,35 @@ def _cmd_metrics(args) -> int:
     return 0
 
 
+def _cmd_swap_text(args) -> int:
+    from .rewrite import SexSpecificContent, swap_text, swap_tsv
+    try:
+        if args.file:
+            if args.text:
+                print("error: give either TEXT or --file, not both", file=sys.stderr)
+                return 2
+            out = args.out or "-"
+            if out == "-":
+                import tempfile
+                with tempfile.TemporaryDirectory() as d:
+                    tmp = Path(d) / "out.tsv"
+                    swap_tsv(args.file, args.column, args.lang, args.to, tmp, method=args.method)
+                    sys.stdout.write(tmp.read_text(encoding="utf-8"))
+            else:
+                df = swap_tsv(args.file, args.column, args.lang, args.to, out, method=args.method)
+                counts = df["swap_status"].value_counts().to_dict()
+                print(f"wrote {out}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
+            return 0
+        if not args.text:
+            print("error: give TEXT or --file IN.tsv", file=sys.stderr)
+            return 2
+        print(swap_text(" ".join(args.text), args.lang, args.to, method=args.method))
+        return 0
+    except (SexSpecificContent, ValueError, KeyError, FileNotFoundError, NotImplementedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="triage-cf", description="Counterfactual audit of sex/gender disparities in emergency triage.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -60,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--ci", choices=["percentile", "bca"], default="percentile", help="bootstrap CI method")
     m.set_defaults(func=_cmd_metrics)
+    w = sub.add_parser("swap-text", help="rewrite a note for the other sex with the counterfactual function g")
+    w.add_argument("text", nargs="*", help="the text to rewrite (or use --file)")
+    w.add_argument("--lang", required=True, choices=["en", "fr"])
+    w.add_argument("--to", required=True, choices=["female", "male"])
+    w.add_argument("--method", default="rules", choices=["rules", "llm"], help="rules (default) or the few-shot LLM")
+    w.add_argument("--file", default=None, help="a TSV whose --column is rewritten (adds swap_status, swap_reason)")
+    w.add_argument("--column", default="text", help="the TSV column to rewrite (default: text)")
+    w.add_argument("--out", default=None, help="output TSV (default: standard output)")
+    w.set_defaults(func=_cmd_swap_text)
     return p
 
 
