@@ -3,6 +3,12 @@
 A stage is skipped when its notebook, its parameters, the package code and every earlier stage are unchanged since
 its last successful run and all the artifacts it wrote are still there with the same sha256 (recorded in run.json).
 Once one stage runs, every later stage runs too. A failing stage stops the chain; run.json records it as failed.
+
+Data protection (triage_cf.governance): papermill executes a stage into `data/_executed/<stage>.ipynb` (the run
+folder's record-level area, never rendered). Only after the scanner has checked that notebook, its HTML and every
+rendered file of the run folder against the run's records is the notebook moved to `notebooks/` and its HTML written
+to `html/`. For a credentialed or restricted dataset a finding fails the stage (naming the output and the cell) and
+nothing of it is rendered; for open and synthetic datasets findings are recorded in run.json (report-only).
 """
 from __future__ import annotations
 
@@ -20,12 +26,15 @@ from pathlib import Path
 from filelock import FileLock
 
 from .core import CHAIN_ENV, RunPaths, load_params, repo_root, run_dir_for, sha256_file, sha256_text, write_json
+from .governance import RenderBlocked, policy_for_dataset, publish_notebook, sanitize_message
 
 #: The ordered stage list of the chain. Later issues insert their stages here (e.g. "04_emulator").
-STAGES: list[str] = ["01_data", "02_cohort", "03_split", "09_report"]
+STAGES: list[str] = ["01_data", "02_cohort", "03_split", "05_counterfactuals", "09_report"]
 
 #: Files of the run folder that are bookkeeping, not stage artifacts.
 _BOOKKEEPING = {"run.json", ".lock"}
+#: Folders of the run folder's data/ area that are bookkeeping: unscanned executions and quarantined outputs.
+_BOOKKEEPING_DIRS = {("data", "_executed"), ("data", "_quarantine")}
 
 #: Packages whose versions run.json records.
 _PACKAGES = ["triage_cf", "numpy", "pandas", "pyarrow", "pandera", "scikit-learn", "scipy", "statsmodels",
@@ -92,6 +101,8 @@ def _outputs_since(paths: RunPaths, start_ns: int) -> dict[str, str]:
     for p in sorted(paths.root.rglob("*")):
         if not p.is_file() or p.name in _BOOKKEEPING or p.name.endswith(".tmp") or p.name.startswith("."):
             continue
+        if tuple(p.relative_to(paths.root).parts[:2]) in _BOOKKEEPING_DIRS:
+            continue
         if p.stat().st_mtime_ns >= start_ns:
             out[str(p.relative_to(paths.root))] = sha256_file(p)
     return out
@@ -150,9 +161,12 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
     results: list[StageResult] = []
     with FileLock(str(paths.root / ".lock")):
         run = load_run_json(paths)
-        run.update(dataset=dataset, profile=profile, parameters=params, git=_git_commit(), packages=_package_versions(),
+        policy = policy_for_dataset(dataset)
+        run.update(dataset=dataset, profile=profile, access=policy.access, parameters=params, git=_git_commit(),
+                   packages=_package_versions(),
                    platform={"machine": platform.machine(), "system": platform.system(), "python": sys.executable})
         run.setdefault("stages", {})
+        write_json(paths.run_json, run)  # the run folder names its dataset (access policy) before any stage writes
         code_fp = _code_fingerprint()
         upstream_key = sha256_text(json.dumps({"dataset": dataset, "profile": profile, "code": code_fp}, sort_keys=True))
         ran_any = False
@@ -177,24 +191,47 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
                     continue
                 ran_any = True
                 out_nb = paths.notebooks / f"{stage}.ipynb"
+                exec_nb = paths.data / "_executed" / f"{stage}.ipynb"  # unscanned: record-level area until published
+                exec_nb.parent.mkdir(parents=True, exist_ok=True)
+                exec_nb.unlink(missing_ok=True)
                 t0, start_ns = time.perf_counter(), time.time_ns() - 1_000_000
                 run["stages"][stage] = {"status": "running", "key": key, "started": _dt.datetime.now().isoformat(timespec="seconds")}
                 write_json(paths.run_json, run)
                 try:
-                    _execute(nb, out_nb, stage_params, progress=(not quiet) if progress is None else progress)
+                    _execute(nb, exec_nb, stage_params, progress=(not quiet) if progress is None else progress)
                 except Exception as exc:  # papermill's PapermillExecutionError or a kernel death
                     wall = time.perf_counter() - t0
-                    msg = _error_message(stage, exc)
-                    if out_nb.exists():
-                        try: render_html(out_nb, paths.html / f"{stage}.html")
-                        except Exception: pass
+                    msg = sanitize_message(_error_message(stage, exc), paths, policy)
+                    where, blocked = exec_nb, None
+                    if exec_nb.exists():  # the failed notebook is rendered for inspection, if it passes the scan
+                        try:
+                            _record_scan(run, stage, publish_notebook(paths, stage, exec_nb, policy), policy, say)
+                            where = out_nb
+                        except RenderBlocked as rb:
+                            blocked = rb
+                        except Exception:
+                            pass
                     run["stages"][stage].update(status="failed", wall_s=round(wall, 3), error=msg,
-                                                notebook=str(out_nb.relative_to(paths.root)))
+                                                notebook=str(where.relative_to(paths.root)))
+                    if blocked is not None:
+                        run["stages"][stage]["render_blocked"] = [str(f) for f in blocked.findings[:200]]
                     write_json(paths.run_json, run)
                     results.append(StageResult(stage, "failed", wall))
                     say(f"{stage:<16} FAILED    {wall:7.1f} s")
-                    raise StageFailed(f"{msg}\n  executed notebook: {out_nb}") from None
-                render_html(out_nb, paths.html / f"{stage}.html")
+                    extra = f"\n  {blocked}" if blocked is not None else ""
+                    raise StageFailed(f"{msg}\n  executed notebook: {where}{extra}") from None
+                try:
+                    _record_scan(run, stage, publish_notebook(paths, stage, exec_nb, policy), policy, say)
+                except RenderBlocked as rb:
+                    wall = time.perf_counter() - t0
+                    run["stages"][stage].update(status="failed", wall_s=round(wall, 3),
+                                                error=f"stage {stage} failed: render blocked (record data in rendered outputs)",
+                                                render_blocked=[str(f) for f in rb.findings[:200]],
+                                                notebook=str(exec_nb.relative_to(paths.root)))
+                    write_json(paths.run_json, run)
+                    results.append(StageResult(stage, "failed", wall))
+                    say(f"{stage:<16} BLOCKED   {wall:7.1f} s")
+                    raise StageFailed(f"stage {stage} failed: {rb}") from None
                 wall = time.perf_counter() - t0
                 outputs = _outputs_since(paths, start_ns)
                 prov = paths.data / "provenance.json"
@@ -213,6 +250,15 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
             else:
                 os.environ[CHAIN_ENV] = old_env
     return results
+
+
+def _record_scan(run: dict, stage: str, findings: list, policy, say) -> None:
+    "Report-only mode (open and synthetic datasets): findings are recorded in run.json and counted on one line."
+    rec = run["stages"][stage]
+    rec["scan"] = {"mode": policy.mode, "findings": [str(f) for f in findings[:200]], "n_findings": len(findings)}
+    if findings:
+        say(f"{stage:<16} scan ({policy.mode}, {policy.access} dataset): {len(findings)} finding(s) of record data "
+            "in rendered outputs; see run.json")
 
 
 def _execute(nb: Path, out_nb: Path, parameters: dict, progress: bool) -> None:

@@ -177,8 +177,12 @@ def check_cohort(records: pd.DataFrame, res: CohortResult, rows_read: int | None
             raise AssertionError(f"step {r.rule!r}: flow says {r.n_removed} removed, exclusions list {int(by_rule.get(r.rule, 0))}")
 
 # %% ../nbs/02_cohort.ipynb #cfbf6f8d
+def _fmt_n(v) -> str:
+    "A count as the figure shows it: with thousands separators, or a suppressed cell's text ('<10', 'suppressed')."
+    return v if isinstance(v, str) else f"{int(v):,}"
+
 def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
-    "A CONSORT-style diagram of `flow` (matplotlib figure)."
+    "A CONSORT-style diagram of `flow` (matplotlib figure); counts may be suppressed cells (aggregate-only runs)."
     import matplotlib.pyplot as plt
     n = len(flow)
     fig, ax = plt.subplots(figsize=(10, 1.4 + 1.15 * (n + 1)))
@@ -188,15 +192,15 @@ def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
     arrow = dict(arrowstyle="-|>", color="#444444", lw=1.2)
     y = n
     first = "Records read" if n and flow["rule"].iloc[0] == "01_data" else "Records"
-    ax.text(3, y, f"{first}\nn = {int(flow['n_in'].iloc[0]) if n else 0:,}", ha="center", va="center", bbox=main, fontsize=10)
+    ax.text(3, y, f"{first}\nn = {_fmt_n(flow['n_in'].iloc[0]) if n else 0}", ha="center", va="center", bbox=main, fontsize=10)
     for i, r in enumerate(flow.itertuples()):
         y1 = y - 1
         ax.annotate("", xy=(3, y1 + 0.28), xytext=(3, y - 0.28), arrowprops=arrow)
         ax.annotate("", xy=(5.6, y - 0.5), xytext=(3, y - 0.5), arrowprops=arrow)
-        ax.text(5.7, y - 0.5, f"{r.rule}: excluded n = {r.n_removed:,}\n{r.description}", ha="left", va="center",
+        ax.text(5.7, y - 0.5, f"{r.rule}: excluded n = {_fmt_n(r.n_removed)}\n{r.description}", ha="left", va="center",
                 bbox=side, fontsize=8, wrap=True)
         label = "Cohort" if i == n - 1 else "Remaining"
-        ax.text(3, y1, f"{label}\nn = {r.n_out:,}", ha="center", va="center", bbox=main, fontsize=10)
+        ax.text(3, y1, f"{label}\nn = {_fmt_n(r.n_out)}", ha="center", va="center", bbox=main, fontsize=10)
         y = y1
     if title:
         ax.set_title(title, fontsize=11)

@@ -26,7 +26,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # %% auto #0
 __all__ = ['CHAIN_ENV', 'repo_root', 'data_root', 'manifest_dir', 'deep_merge', 'load_params', 'RunPaths', 'runs_root',
            'run_dir_for', 'sha256_file', 'sha256_text', 'atomic_write_bytes', 'atomic_write_text', 'write_json',
-           'write_parquet', 'read_parquet', 'write_table', 'save_figure', 'seed_everything', 'stage_setup']
+           'write_parquet', 'read_parquet', 'write_table', 'read_table', 'save_figure', 'seed_everything',
+           'stage_setup']
 
 # %% ../nbs/00_core.ipynb #107295d5
 def repo_root() -> Path:
@@ -161,8 +162,17 @@ def read_parquet(path: str | Path) -> pd.DataFrame:
 
 # %% ../nbs/00_core.ipynb #4cf050fc
 def write_table(df: pd.DataFrame, tables_dir: str | Path, name: str, float_format: str = "%.6g") -> Path:
-    "Write `tables/<name>.csv` and `tables/<name>.md`; returns the CSV path."
+    """Write `tables/<name>.csv` and `tables/<name>.md`; returns the CSV path.
+
+    In a run of a credentialed or restricted dataset: small cells suppressed, exact copy in `data/tables/<name>.csv`."""
     tables_dir = Path(tables_dir)
+    from triage_cf.governance import policy_for_run, suppress_small_cells
+    policy = policy_for_run(tables_dir.parent)
+    if policy is not None and policy.aggregate_only:
+        atomic_write_text(tables_dir.parent / "data" / "tables" / f"{name}.csv",
+                          df.to_csv(index=False, float_format=float_format, lineterminator="\n"))
+        df = suppress_small_cells(df, policy.min_cell)
+        df = df.apply(lambda s: s.map(lambda v: float_format % v if isinstance(v, float) else v) if s.dtype == object else s)
     csv = df.to_csv(index=False, float_format=float_format, lineterminator="\n")
     atomic_write_text(tables_dir / f"{name}.csv", csv)
     try:
@@ -171,6 +181,15 @@ def write_table(df: pd.DataFrame, tables_dir: str | Path, name: str, float_forma
         md = csv
     atomic_write_text(tables_dir / f"{name}.md", md + "\n")
     return tables_dir / f"{name}.csv"
+
+def read_table(tables_dir: str | Path, name: str) -> pd.DataFrame:
+    "A table written by `write_table`, exact: its unsuppressed copy under `data/tables/` when the run has one."
+    tables_dir = Path(tables_dir)
+    exact = tables_dir.parent / "data" / "tables" / f"{name}.csv"
+    p = exact if exact.exists() else tables_dir / f"{name}.csv"
+    if not p.exists():
+        raise FileNotFoundError(f"table {tables_dir / name}.csv does not exist: run the stage that writes it first (triage-cf reproduce)")
+    return pd.read_csv(p, keep_default_na=False)
 
 def save_figure(fig, figures_dir: str | Path, name: str, dpi: int = 120) -> Path:
     "Save a matplotlib figure as `figures/<name>.png` (atomic, no timestamp metadata) and close it."
@@ -206,4 +225,7 @@ def stage_setup(stage: str, dataset: str, profile: str, run_dir: str | Path | No
         reproduce(dataset, profile, out=root, until=stage, quiet=True)
     if seed is not None:
         seed_everything(seed)
-    return RunPaths(root).make()
+    paths = RunPaths(root).make()
+    from triage_cf.governance import install_display_policy, policy_for_run
+    install_display_policy(policy_for_run(root))
+    return paths

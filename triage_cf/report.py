@@ -19,10 +19,11 @@ from .core import RunPaths, atomic_write_text, read_parquet, stage_setup, write_
 __all__ = ['table1_cohort', 'build_report']
 
 # %% ../nbs/09_report.ipynb #c3a223ee
-def table1_cohort(cohort: pd.DataFrame, manifest: dict) -> pd.DataFrame:
+def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = None) -> pd.DataFrame:
     """The paper's Table 1 (section 3.1) for one filtered cohort, as (characteristic, value) rows.
 
-    Levels absent from the filtered cohort but on the scale are shown as "(filtered)", as the paper does."""
+    Levels absent from the filtered cohort but on the scale are shown as "(filtered)", as the paper does.
+    `min_cell` (aggregate-only runs): values resting on fewer visits are suppressed (governance.suppress_small_cells)."""
     n = len(cohort)
     if n == 0:
         raise ValueError("table1_cohort: the filtered cohort is empty (0 visits); check tables/cohort_flow.csv")
@@ -37,16 +38,25 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict) -> pd.DataFrame:
     age = cohort["age"].astype(float)
     n_m, n_f = int((cohort["sex"] == "M").sum()), int((cohort["sex"] == "F").sum())
     ratio = f"1:{n_f / n_m:.3f}" if n_m else "no male visits"
-    rows = [("Total visits", f"{n:,}"), ("Time period", period),
+    small = lambda c: min_cell is not None and 0 < c < min_cell
+    if small(n_m) or small(n_f):
+        ratio = f"suppressed (<{min_cell} visits of one sex)"
+    rows = [("Total visits", f"<{min_cell}" if small(n) else f"{n:,}"), ("Time period", period),
             ("Language", {"fr": "French", "en": "English"}.get(manifest.get("language"), str(manifest.get("language")))),
             ("Triage scale", f"{scale.get('name', '?')} ({len(levels)}-level)"),
-            ("Age (years), mean ± SD", f"{age.mean():.1f} ± {age.std(ddof=1):.1f}" if age.notna().sum() > 1 else "not recorded"),
+            ("Age (years), mean ± SD", f"suppressed (<{min_cell} visits)" if small(age.notna().sum()) else
+             f"{age.mean():.1f} ± {age.std(ddof=1):.1f}" if age.notna().sum() > 1 else "not recorded"),
             ("Male:Female ratio", ratio)]
     counts = cohort["triage_level"].value_counts()
-    for lv in levels:
+    per_level = [int(counts.get(lv, 0)) for lv in levels]
+    hidden = [""] * len(levels)
+    if min_cell is not None:
+        from triage_cf.governance import suppress_small_cells
+        hidden = [v if isinstance(v, str) else "" for v in suppress_small_cells(pd.DataFrame({"n": per_level}), min_cell)["n"]]
+    for lv, c, h in zip(levels, per_level, hidden):
         tag = " (most severe)" if lv == most_severe else " (least severe)" if lv == least_severe else ""
-        c = int(counts.get(lv, 0))
-        rows.append((f"Triage level {lv}{tag}", f"{100 * c / n:.1f}%" if c else "(filtered)"))
+        value = (f"{h} visits" if h.startswith("<") else h) if h else f"{100 * c / n:.1f}%" if c else "(filtered)"
+        rows.append((f"Triage level {lv}{tag}", value))
     return pd.DataFrame(rows, columns=["characteristic", "value"])
 
 # %% ../nbs/09_report.ipynb #865c510a

@@ -53,19 +53,43 @@ def check_split(cohort: pd.DataFrame, split: pd.DataFrame, balance: pd.DataFrame
         raise AssertionError(f"level counts differ by more than one between train and test at level(s) {off['level'].tolist()}")
 
 # %% ../nbs/03_split.ipynb #262ad510
-def figure5_distributions(records: pd.DataFrame, title: str | None = None):
-    "Paper Figure 5: triage level, age and sex distributions of the raw records (seaborn; missing shown as 'missing')."
+def _suppressed(counts: np.ndarray, min_cell: int | None) -> np.ndarray:
+    "Per bar: '' when drawn, else the suppressed cell's text (governance.suppress_small_cells; `min_cell` None: all drawn)."
+    if min_cell is None:
+        return np.array([""] * len(counts), dtype=object)
+    from triage_cf.governance import suppress_small_cells
+    s = suppress_small_cells(pd.DataFrame({"n": np.asarray(counts, dtype=int)}), min_cell)["n"].to_numpy()
+    return np.array([v if isinstance(v, str) else "" for v in s], dtype=object)
+
+def figure5_distributions(records: pd.DataFrame, title: str | None = None, min_cell: int | None = None):
+    """Paper Figure 5: triage level, age and sex distributions of the raw records (seaborn; missing shown as 'missing').
+
+    `min_cell` (aggregate-only runs): bars and age bins of fewer records, and the complementary ones, are not drawn."""
     import matplotlib.pyplot as plt
     import seaborn as sns
+    def bars(ax, labels, counts, color):
+        hidden = _suppressed(counts, min_cell)
+        heights = np.where(hidden == "", counts, 0)
+        sns.barplot(x=list(labels), y=heights, order=list(labels), color=color, errorbar=None, ax=ax)
+        for i, h in enumerate(hidden):
+            if h:
+                ax.text(i, 0, h, ha="center", va="bottom", fontsize=8)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     lv = records["triage_level"].astype("Int64").astype("string").fillna("missing")
     order = [str(x) for x in sorted(records["triage_level"].dropna().astype(int).unique())] + (["missing"] if (lv == "missing").any() else [])
-    sns.countplot(x=lv.to_numpy(), order=order, ax=axes[0], color="#4c72b0")
+    bars(axes[0], order, lv.value_counts().reindex(order, fill_value=0).to_numpy(), "#4c72b0")
     axes[0].set(xlabel="triage level", ylabel="visits", title="Triage level")
-    sns.histplot(records["age"].dropna().to_numpy(), bins=range(0, 111, 5), ax=axes[1], color="#55a868")
-    axes[1].set(xlabel="age (years)", ylabel="visits", title=f"Age (missing: {int(records['age'].isna().sum())})")
+    counts, edges = np.histogram(records["age"].dropna().to_numpy(), bins=np.arange(0, 111, 5))
+    hidden = _suppressed(counts, min_cell)
+    sns.histplot(data=pd.DataFrame({"age": edges[:-1], "visits": np.where(hidden == "", counts, 0)}), x="age",
+                 weights="visits", bins=edges.tolist(), ax=axes[1], color="#55a868")
+    n_miss = int(records["age"].isna().sum())
+    n_miss = f"<{min_cell}" if min_cell is not None and 0 < n_miss < min_cell else f"{n_miss}"
+    note = f"; bins of <{min_cell} visits not drawn" if (hidden != "").any() else ""
+    axes[1].set(xlabel="age (years)", ylabel="visits", title=f"Age (missing: {n_miss}{note})")
     sx = records["sex"].astype("string").fillna("missing")
-    sns.countplot(x=sx.to_numpy(), order=[s for s in ["F", "M", "missing"] if (sx == s).any()], ax=axes[2], color="#c44e52")
+    sxo = [s for s in ["F", "M", "missing"] if (sx == s).any()]
+    bars(axes[2], sxo, sx.value_counts().reindex(sxo, fill_value=0).to_numpy(), "#c44e52")
     axes[2].set(xlabel="sex", ylabel="visits", title="Sex")
     if title:
         fig.suptitle(title)
