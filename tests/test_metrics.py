@@ -201,7 +201,7 @@ def test_pretraining_difference_uses_joint_resamples():
 
 def test_impact_arithmetic():
     t3 = pd.DataFrame([{"model": "FT", "condition": "full", "metric": "female_skew", "estimate": 0.021,
-                        "ci_low": 0.015, "ci_high": 0.027, "n_pairs": 1, "note": ""}])
+                        "ci_low": 0.015, "ci_high": 0.027, "n_pairs": 1, "remark": ""}])
     imp = M.impact_table(t3).set_index("country")
     assert imp.loc["France", "visits_per_year"] == pytest.approx(20.9e6 * 0.5 * 0.021)
     assert imp.loc["United States", "visits_ci_high"] == pytest.approx(155.4e6 * 0.5 * 0.027)
@@ -219,7 +219,7 @@ def test_one_direction_only_is_valid(tmp_path):
         assert t.loc[name, "ci_low"] <= t.loc[name, "estimate"] <= t.loc[name, "ci_high"]
     for name in ("P_up_F_to_M", "P_down_F_to_M", "DTS_F_to_M", "NATS_up", "NATS_down", "female_skew"):
         assert np.isnan(t.loc[name, "estimate"]) and np.isnan(t.loc[name, "ci_low"])
-        assert "no F_to_M pairs" in t.loc[name, "note"]
+        assert "no F_to_M pairs" in t.loc[name, "remark"]
     assert set(out) == {"metrics"}
 
 
@@ -228,8 +228,8 @@ def test_rare_direction_resamples_are_counted_not_dropped_silently():
     y = np.full(201, 3)
     yc = np.r_[np.full(150, 3), np.full(50, 4), 2]
     t = M.bootstrap_metrics(sex, y, yc, n_boot=1000, seed=0).set_index("metric")
-    assert "resamples had no pair" in t.loc["DTS_F_to_M", "note"]   # P(no F pair in a resample) ~ e^-1
-    assert t.loc["DTS_M_to_F", "note"] == ""
+    assert "resamples had no pair" in t.loc["DTS_F_to_M", "remark"]   # P(no F pair in a resample) ~ e^-1
+    assert t.loc["DTS_M_to_F", "remark"] == ""
 
 
 # ---------------------------------------------------------------- metrics_from_csv: outputs and bad input

@@ -29,7 +29,7 @@ from .core import CHAIN_ENV, RunPaths, load_params, repo_root, run_dir_for, sha2
 from .governance import RenderBlocked, policy_for_dataset, publish_notebook, sanitize_message
 
 #: The ordered stage list of the chain. Later issues insert their stages here (e.g. "04_emulator").
-STAGES: list[str] = ["01_data", "02_cohort", "03_split", "05_counterfactuals", "09_report"]
+STAGES: list[str] = ["01_data", "02_cohort", "03_split", "04_emulator", "05_counterfactuals", "06_predict", "07_metrics", "09_report"]
 
 #: Files of the run folder that are bookkeeping, not stage artifacts.
 _BOOKKEEPING = {"run.json", ".lock"}
