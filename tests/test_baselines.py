@@ -91,7 +91,8 @@ def test_table2_and_figures(tmp_path):
             dict(model="FS", parameters=2.2e5, **B.evaluate_predictions(y, [2, 3, 4, 4, 3, 2], LEVELS)),
             dict(model="RF", parameters=None, **B.evaluate_predictions(y, [3, 3, 3, 3, 3, 3], LEVELS))]
     t2 = B.table2_performance(rows)
-    assert list(t2.columns) == ["model", "parameters", "kappa_w", "precision", "recall", "f1", "accuracy", "n_test"]
+    assert list(t2.columns) == ["model", "parameters", "kappa_w", "precision", "recall", "f1", "accuracy", "n_test", "n_train"]
+    assert t2.n_train.isna().all()  # optional: NA where a row does not say how many records the model learned from
     assert list(t2.model) == ["RF", "FS", "FT"] and np.isnan(t2.parameters[0]) and t2.n_test.tolist() == [6, 6, 6]
     assert t2.kappa_w[2] == 1.0 and t2.kappa_w[0] == 0.0
     with pytest.raises(KeyError, match="lacks"):
