@@ -59,5 +59,6 @@ def test_swap_text_cli(tmp_path):
     out = pd.read_csv(tmp_path / "out.tsv", sep="\t")
     assert out.loc[0, "text"] == "He is anxious." and out.loc[0, "swap_status"] == "ok"
     assert out.loc[1, "swap_status"] == "excluded"  # sex-specific content is excluded, never rewritten
-    p = _run("swap-text", "--lang", "en", "--to", "male", "--method", "llm", "She is anxious.")
-    assert p.returncode == 2 and "issue 6" in p.stderr
+    # the few-shot LLM g is tested in test_rewrite_llm.py (fake server, tiny model); here only its argument errors
+    p = _run("swap-text", "--lang", "en", "--to", "male", "--method", "llm", "--backend", "openai", "She is anxious.")
+    assert p.returncode == 2 and "--base-url" in p.stderr

@@ -209,11 +209,13 @@ def test_sex_specific_records_are_excluded_not_rewritten():
     assert counterfactual_text("s/p hysterectomy, she fell", "M", "en").status == "excluded"
 
 
-def test_llm_method_is_not_built():
-    with pytest.raises(NotImplementedError, match="issue 6"):
-        g("he fell", "F", "en", method="llm")
-    with pytest.raises(NotImplementedError, match="issue 6"):
-        swap_text("he fell", "en", "female", method="llm")
+def test_method_argument():
+    "rules | llm (the few-shot LLM g is tested in test_rewrite_llm.py); an LLM method needs an LLMRewriter."
+    with pytest.raises(ValueError, match="method must be"):
+        g("he fell", "F", "en", method="gpt")
+    with pytest.raises(TypeError, match="LLMRewriter"):
+        swap_text("he fell", "en", "female", method="llm", rewriter=object())
+    assert counterfactual_text("Hx of prostate cancer", "F", "en", method="llm").status == "excluded"  # no model needed
 
 
 def test_bad_arguments():

@@ -45,6 +45,19 @@ def _cmd_metrics(args) -> int:
 def _cmd_swap_text(args) -> int:
     from .rewrite import SexSpecificContent, swap_text, swap_tsv
     try:
+        rewriter = None
+        if args.method == "llm":
+            from .rewrite import default_rewrite_cache, make_rewriter
+            if args.backend == "openai" and not (args.base_url and args.model):
+                print("error: --backend openai needs --base-url (e.g. http://localhost:8000/v1) and --model (the served "
+                      "model's name)", file=sys.stderr)
+                return 2
+            rewriter = make_rewriter(args.lang, model=args.model or "smollm2", backend=args.backend, base_url=args.base_url,
+                                     cache_dir=Path(args.cache) if args.cache else default_rewrite_cache(),
+                                     n_shots=args.n_shots, batch_size=args.batch_size)
+        elif any(v is not None for v in (args.model, args.base_url, args.cache, args.n_shots)) or args.backend != "hf":
+            print("error: --model/--backend/--base-url/--cache/--n-shots apply to --method llm only", file=sys.stderr)
+            return 2
         if args.file:
             if args.text:
                 print("error: give either TEXT or --file, not both", file=sys.stderr)
@@ -54,19 +67,23 @@ def _cmd_swap_text(args) -> int:
                 import tempfile
                 with tempfile.TemporaryDirectory() as d:
                     tmp = Path(d) / "out.tsv"
-                    swap_tsv(args.file, args.column, args.lang, args.to, tmp, method=args.method)
+                    swap_tsv(args.file, args.column, args.lang, args.to, tmp, method=args.method, rewriter=rewriter)
                     sys.stdout.write(tmp.read_text(encoding="utf-8"))
             else:
-                df = swap_tsv(args.file, args.column, args.lang, args.to, out, method=args.method)
+                df = swap_tsv(args.file, args.column, args.lang, args.to, out, method=args.method, rewriter=rewriter)
                 counts = df["swap_status"].value_counts().to_dict()
                 print(f"wrote {out}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
-            return 0
-        if not args.text:
+        elif not args.text:
             print("error: give TEXT or --file IN.tsv", file=sys.stderr)
             return 2
-        print(swap_text(" ".join(args.text), args.lang, args.to, method=args.method))
+        else:
+            print(swap_text(" ".join(args.text), args.lang, args.to, method=args.method, rewriter=rewriter))
+        if rewriter is not None:
+            st = rewriter.stats
+            print(f"llm g ({args.backend}, {rewriter.prompt_version}): {st['sent']} model call(s), {st['cache_hits']} "
+                  f"cached answer(s), {st['seconds']:.1f} s", file=sys.stderr)
         return 0
-    except (SexSpecificContent, ValueError, KeyError, FileNotFoundError, NotImplementedError) as exc:
+    except (SexSpecificContent, ValueError, KeyError, FileNotFoundError, ImportError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -94,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--lang", required=True, choices=["en", "fr"])
     w.add_argument("--to", required=True, choices=["female", "male"])
     w.add_argument("--method", default="rules", choices=["rules", "llm"], help="rules (default) or the few-shot LLM")
+    w.add_argument("--model", default=None, help="llm: smollm2 (default), a local model folder, or the server's model name")
+    w.add_argument("--backend", default="hf", choices=["hf", "vllm", "openai"], help="llm: inference backend (default hf)")
+    w.add_argument("--base-url", default=None, help="llm, backend openai: the server, e.g. http://localhost:8000/v1")
+    w.add_argument("--cache", default=None, help="llm: answer cache folder (default <$TRIAGE_CF_CACHE>/rewrite_cache)")
+    w.add_argument("--n-shots", type=int, default=None, help="llm: exemplars in the prompt (default all 10; the paper's 5.3 used 7)")
+    w.add_argument("--batch-size", type=int, default=4, help="llm: records per model batch (default 4)")
     w.add_argument("--file", default=None, help="a TSV whose --column is rewritten (adds swap_status, swap_reason)")
     w.add_argument("--column", default="text", help="the TSV column to rewrite (default: text)")
     w.add_argument("--out", default=None, help="output TSV (default: standard output)")

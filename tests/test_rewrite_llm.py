@@ -1,0 +1,390 @@
+"""The few-shot LLM rewriting function g (issue 6; paper section 5.3, Appendix B.2): prompts and exemplars, strict
+parsing, the durable cache (hit / miss / resume after a crash), validation of every answer, the hf backend on a tiny
+model built from a config, the OpenAI-compatible backend against a local fake server, the CLI, and the pair stage."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from triage_cf.rewrite import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, Generation, HFRewriteBackend, LLMRewriter,
+                               OpenAIRewriteBackend, RewriteCache, counterfactual_text, g, load_exemplars, make_rewriter,
+                               parse_rewrite, prompt_version, rewrite_messages, rewrite_rules, swap_text, swap_tsv,
+                               validate_rewrite)
+
+OTHER = {"F": "M", "M": "F"}
+
+
+def rules_answer(lang: str, user: str) -> str:
+    "What a perfect model answers: the rule-based rewrite of the record's fields, in the format."
+    found = re.findall(r"<(\w+)>(.*?)</\1>", user, flags=re.S)
+    src = next(k for k, w in SEX_WORDS[lang].items() if w == found[0][1])
+    out = [f"<{found[0][0]}>{SEX_WORDS[lang][OTHER[src]]}</{found[0][0]}>"]
+    out += [f"<{t}>{rewrite_rules(v, OTHER[src], lang) if v else ''}</{t}>" for t, v in found[1:]]
+    return "\n".join(out)
+
+
+class Scripted:
+    "A backend answering with `answer(user_message)`; fails (like a crash) once `fail_after` conversations were sent."
+    name = "scripted"
+
+    def __init__(self, answer, fail_after: int | None = None, model: str = "m1"):
+        self.answer, self.fail_after, self.model, self.n_calls = answer, fail_after, model, 0
+
+    def describe(self):
+        return {"backend": self.name, "model": self.model}
+
+    def cache_id(self):
+        return {"backend": self.name, "model": self.model}
+
+    def generate(self, convs):
+        if self.fail_after is not None and self.n_calls + len(convs) > self.fail_after:
+            raise RuntimeError("backend died")
+        self.n_calls += len(convs)
+        return [Generation(self.answer(c[-1]["content"]), "stop") for c in convs]
+
+
+# ---- prompts and exemplars ----------------------------------------------------------------------------------------
+
+REQUIRED_COVERAGE = {
+    "en": {"pronoun", "reflexive_pronoun", "her_object_vs_determiner", "gendered_noun", "title", "age_sex_shorthand",
+           "kin_of", "third_party", "no_gender_reference"},
+    "fr": {"subject_pronoun", "stressed_pronoun", "gendered_noun", "title", "participle_agreement", "adjective_agreement",
+           "article_agreement", "third_party", "invariable", "impersonal_il", "kin_of", "no_gender_reference"},
+}
+
+
+@pytest.mark.parametrize("lang", ["en", "fr"])
+def test_exemplars_are_package_data_and_correct(lang):
+    assert resources.files("triage_cf").joinpath("resources", "rewrite_exemplars.json").is_file()
+    exs = load_exemplars(lang)
+    assert len(exs) >= 7 and len({e.id for e in exs}) == len(exs)
+    assert {e.sex for e in exs} == {"F", "M"}                       # both directions are shown
+    assert REQUIRED_COVERAGE[lang] <= {c for e in exs for c in e.covers}
+    for e in exs:
+        for f, src in e.source.items():
+            ok, why = validate_rewrite(src, e.target[f], lang)
+            assert ok, (e.id, f, why)
+            # the rule-based g agrees with every curated rewrite: one definition of a correct rewrite
+            assert rewrite_rules(src, OTHER[e.sex], lang) == e.target[f], (e.id, f)
+    changed = sum(e.source[f] != e.target[f] for e in exs for f in e.source)
+    assert changed >= 7
+
+
+def test_exemplars_show_third_parties_keeping_their_gender():
+    en = " ".join(e.target["hpi"] for e in load_exemplars("en"))
+    assert "Her wife" in en and "his mother" in en and "his girlfriend" in en
+    fr = [e for e in load_exemplars("fr")]
+    assert any("sa fille" in e.source["hpi"] and "sa fille" in e.target["hpi"] for e in fr)
+    assert any("son père" in e.target["hpi"] for e in fr) and any("L'infirmier" in e.target["hpi"] for e in fr)
+
+
+@pytest.mark.parametrize("lang", ["en", "fr"])
+def test_prompt_construction(lang):
+    fields = {"hpi": "x", "pmh": None}
+    msgs = rewrite_messages(fields, "F", lang)
+    exs = load_exemplars(lang)
+    assert msgs[0] == {"role": "system", "content": LLM_PROMPTS[lang]["system"]}
+    assert [m["role"] for m in msgs] == ["system"] + ["user", "assistant"] * len(exs) + ["user"]
+    assert msgs[1]["content"].startswith(LLM_PROMPTS[lang]["user"]) and LLM_PROMPTS[lang]["format"] in msgs[1]["content"]
+    for k, e in enumerate(exs):       # every exemplar, in order: its record then its rewrite
+        assert e.source["hpi"] in msgs[1 + 2 * k]["content"] and e.target["hpi"] in msgs[2 + 2 * k]["content"]
+        assert f"<{FIELD_TAGS[lang]['sex']}>{SEX_WORDS[lang][OTHER[e.sex]]}<" in msgs[2 + 2 * k]["content"]
+    tags = FIELD_TAGS[lang]
+    assert msgs[-1]["content"] == (f"<{tags['sex']}>{SEX_WORDS[lang]['F']}</{tags['sex']}>\n<{tags['hpi']}>x</{tags['hpi']}>\n"
+                                   f"<{tags['pmh']}></{tags['pmh']}>")
+    assert len(rewrite_messages(fields, "F", lang, n_shots=7)) == 1 + 2 * 7 + 1
+    assert prompt_version(lang, 7) != prompt_version(lang)
+
+
+def test_prompts_follow_the_paper_and_the_language():
+    # Appendix B.2 (English translation printed in the paper)
+    assert LLM_PROMPTS["en"]["system"] == ("You are an assistant who will transform medical anamneses by replacing sex "
+                                           "references in the text with the opposite sex.")
+    assert LLM_PROMPTS["en"]["user"].startswith("You will receive the anamnesis of a patient. Your task is to replace sex "
+                                                "references with the opposite sex.")
+    assert LLM_PROMPTS["en"]["user"].endswith("Do not perform any translation and do not correct any spelling errors.")
+    assert "« patient » (masculin) devient « patiente » (féminin)" in LLM_PROMPTS["fr"]["user"]
+    fr = rewrite_messages({"note": "Il est tombé."}, "M", "fr")
+    assert fr[0]["content"].startswith("Vous êtes un assistant") and "<sexe>homme</sexe>" in fr[-1]["content"]
+    # a single-note query shows each exemplar's two fields as one note
+    en = rewrite_messages({"note": "He fell."}, "M", "en")
+    e0 = load_exemplars("en")[0]
+    assert f"<note>{e0.source['hpi']} {e0.source['pmh']}</note>" in en[1]["content"]
+
+
+# ---- strict parsing -----------------------------------------------------------------------------------------------
+
+EN_FIELDS = {"note": "He fell, his wife called.", "pmh": None}
+GOOD = "<sex>female</sex>\n<note>She fell, her wife called.</note>\n<past_medical_history></past_medical_history>"
+
+
+def test_parse_good_output():
+    assert parse_rewrite(GOOD, EN_FIELDS, "F", "en") == ({"note": "She fell, her wife called.", "pmh": None}, "ok")
+    assert parse_rewrite("  \n" + GOOD + "\n\n", EN_FIELDS, "F", "en")[1] == "ok"    # white space around the tags only
+    assert parse_rewrite(GOOD.replace(">female<", ">Female<"), EN_FIELDS, "F", "en")[1] == "ok"
+
+
+@pytest.mark.parametrize("output, why", [
+    ("", "empty answer"),
+    ("She fell, her wife called.", "no tags"),
+    ("Here you go:\n" + GOOD, "text before the first tag"),
+    (GOOD + "\nHope this helps!", "text after the last tag"),
+    (GOOD.replace("<past_medical_history></past_medical_history>", ""), "missing tag(s) ['<past_medical_history>']"),
+    (GOOD.replace("</note>", ""), "not exactly opened and closed once"),
+    (GOOD + "<note>again</note>", "not exactly opened and closed once"),
+    (GOOD.replace("<sex>female</sex>", "<sex>male</sex>"), "not the target 'female'"),
+    (GOOD.replace("<note>She fell, her wife called.</note>", "<note></note>"), "came back empty"),
+    (GOOD.replace("<past_medical_history></past_medical_history>", "<past_medical_history>HTN</past_medical_history>"), "was empty"),
+    (GOOD.replace("\n<note>", " and <note>"), "text between tags"),
+    ("<past_medical_history></past_medical_history><sex>female</sex><note>x</note>", "out of order"),
+    (GOOD.replace("<note>", "<note><b>").replace("</note>", "</b></note>"), "unexpected tag"),
+])
+def test_parse_bad_output_is_a_reasoned_failure(output, why):
+    parsed, reason = parse_rewrite(output, EN_FIELDS, "F", "en")
+    assert parsed is None and why in reason, reason
+
+
+# ---- the rewriter: validation, statuses, cache ---------------------------------------------------------------------
+
+def test_rewriter_statuses_and_validation(tmp_path):
+    answers = {"He fel": "<sex>female</sex>\n<note>She fell.</note>",
+               "He has": "<sex>female</sex>\n<note>She has no fever, 38.5.</note>",          # changes a number
+               "He den": "<sex>female</sex>\n<note>She reports chest pain.</note>",          # drops a negation
+               "His BP": "Sure, here it is: Her BP is fine."}
+    be = Scripted(lambda u: answers[u.split("<note>")[1][:6]])
+    rw = LLMRewriter(be, "en", cache_dir=tmp_path)
+    recs = [{"note": "He fell."}, {"note": "He has no fever, 37.5."}, {"note": "He denies chest pain."},
+            {"note": "His BP is fine."}, {"note": None}, {"note": "Known prostate CA, he is tired."}]
+    res = [r["note"] for r in rw.rewrite_records(recs, ["F"] * 6)]
+    assert [r.status for r in res] == ["ok", "rejected", "rejected", "unparsed", "missing", "excluded"]
+    assert res[0].text == "She fell." and res[1].text is None
+    assert "'37.5' -> '38.5'" in res[1].reason and "denies" in res[2].reason
+    assert res[3].reason.startswith("LLM answer: no tags")
+    assert "prostat" in res[5].reason
+    assert be.n_calls == 4                       # missing and excluded records are never sent
+    assert rw.stats["unparsed"] == 1 and rw.stats["rejected_fields"] == 2 and rw.stats["excluded"] == 1
+    assert len(RewriteCache(tmp_path)) == 4     # every answer is cached, failures included
+
+
+def test_cache_second_run_is_free_and_keys_separate(tmp_path):
+    recs = [{"note": "He fell."}, {"note": "She is anxious; her son is here."}]
+    be = Scripted(lambda u: rules_answer("en", u))
+    first = LLMRewriter(be, "en", cache_dir=tmp_path).rewrite_records(recs, ["F", "M"])
+    assert [r["note"].text for r in first] == ["She fell.", "He is anxious; his son is here."]
+    be2 = Scripted(lambda u: rules_answer("en", u))
+    rw2 = LLMRewriter(be2, "en", cache_dir=tmp_path)
+    assert rw2.rewrite_records(recs, ["F", "M"]) == first
+    assert be2.n_calls == 0 and rw2.stats["cache_hits"] == 2
+    # the key holds the target sex, the language, the prompt and the model
+    k = rw2.key(recs[0], "F")
+    assert k != rw2.key(recs[0], "M")
+    assert k != LLMRewriter(Scripted(None, model="m2"), "en").key(recs[0], "F")
+    assert k != LLMRewriter(be2, "en", n_shots=7).key(recs[0], "F")
+    assert k != LLMRewriter(be2, "fr").key(recs[0], "F")
+
+
+def test_cache_resumes_after_a_crash(tmp_path):
+    recs = [{"note": f"He fell {i} times."} for i in range(5)]
+    dying = Scripted(lambda u: rules_answer("en", u), fail_after=2)
+    with pytest.raises(RuntimeError, match="backend died"):
+        LLMRewriter(dying, "en", cache_dir=tmp_path, batch_size=2).rewrite_records(recs, ["F"] * 5)
+    assert len(RewriteCache(tmp_path)) == 2     # the finished batch was written before the crash
+    be = Scripted(lambda u: rules_answer("en", u))
+    res = LLMRewriter(be, "en", cache_dir=tmp_path, batch_size=2).rewrite_records(recs, ["F"] * 5)
+    assert be.n_calls == 3 and [r["note"].text for r in res] == [f"She fell {i} times." for i in range(5)]
+    assert not list(tmp_path.rglob("*.tmp"))     # atomic writes leave no partial files
+
+
+def test_corrupt_cache_entry_is_a_clear_error(tmp_path):
+    rw = LLMRewriter(Scripted(lambda u: rules_answer("en", u)), "en", cache_dir=tmp_path)
+    rw.rewrite_records([{"note": "He fell."}], ["F"])
+    path = next(tmp_path.rglob("*.json"))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable"):
+        LLMRewriter(Scripted(None), "en", cache_dir=tmp_path).rewrite_records([{"note": "He fell."}], ["F"])
+
+
+def test_llm_method_through_the_public_functions(tmp_path):
+    rw = LLMRewriter(Scripted(lambda u: rules_answer("fr", u)), "fr", cache_dir=tmp_path)
+    assert g("Elle est tombée, sa fille l'a retrouvée.", "M", "fr", "llm", rw) == "Il est tombé, sa fille l'a retrouvé."
+    assert counterfactual_text("Patiente enceinte.", "M", "fr", "llm", rw).status == "excluded"
+    assert swap_text("Il est connu pour HTA.", "fr", "female", "llm", rw) == "Elle est connue pour HTA."
+    pd.DataFrame({"t": ["Il est seul.", None, "Elle est inquiète."]}).to_csv(tmp_path / "in.tsv", sep="\t", index=False)
+    out = swap_tsv(tmp_path / "in.tsv", "t", "fr", "male", tmp_path / "out.tsv", method="llm", rewriter=rw)
+    assert out["swap_status"].tolist() == ["ok", "missing", "ok"] and out["t"].tolist()[2] == "Il est inquiet."
+    with pytest.raises(ValueError, match="lang='fr'"):
+        swap_text("He fell.", "en", "female", "llm", rw)
+    junk = LLMRewriter(Scripted(lambda u: "no idea"), "en")
+    with pytest.raises(ValueError, match="unparsed"):
+        swap_text("He fell.", "en", "female", "llm", junk)
+
+
+# ---- backends ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    from triage_cf.emulator import tiny_causal_lm, tiny_tokenizer
+    corpus = [m["content"] for lang in ("en", "fr") for m in rewrite_messages({"hpi": "Il est tombé.", "pmh": "HTA"}, "M", lang)]
+    tok = tiny_tokenizer(corpus, vocab_size=400)
+    return tiny_causal_lm("llama", tok, hidden_size=32, num_layers=1, seed=0), tok
+
+
+def test_hf_backend_on_a_tiny_model(tiny, tmp_path):
+    model, tok = tiny
+    be = HFRewriteBackend(model, tok, batch_size=2, max_new_tokens=8)
+    rw = LLMRewriter(be, "fr", cache_dir=tmp_path, n_shots=2, batch_size=2)
+    recs = [{"hpi": "Il est tombé.", "pmh": "HTA"}, {"hpi": "Patiente de 70 ans.", "pmh": None}, {"hpi": None, "pmh": None}]
+    res = rw.rewrite_records(recs, ["F", "M", "F"])
+    assert be.n_calls == 2 and res[2] == {"hpi": counterfactual_text(None, "F", "fr"), "pmh": counterfactual_text(None, "F", "fr")}
+    # a random 1-layer model does not answer in the format: counted, with a reason, never guessed
+    assert {r.status for r in res[0].values()} == {"unparsed"} and res[0]["hpi"].reason.startswith("LLM answer:")
+    assert res[1]["pmh"].status == "missing"
+    assert "token budget" in res[0]["hpi"].reason or "tag" in res[0]["hpi"].reason
+    plain = HFRewriteBackend(model, tok, batch_size=1, max_new_tokens=8, share_prefix=False)
+    convs = [rewrite_messages(r, OTHER[t], "fr", 2) for r, t in zip(recs[:2], ["F", "M"])]
+    assert plain.generate(convs) == be.generate(convs)      # the shared prefix cache does not change greedy answers
+    again = LLMRewriter(HFRewriteBackend(model, tok, max_new_tokens=8), "fr", cache_dir=tmp_path, n_shots=2)
+    assert again.rewrite_records(recs, ["F", "M", "F"]) == res and again.backend.n_calls == 0
+
+
+def test_hf_model_from_a_folder_is_loaded_only_when_needed(tiny, tmp_path):
+    model, tok = tiny
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    opts = dict(model=tmp_path / "m", cache_dir=tmp_path / "c", n_shots=1, max_new_tokens=4)
+    rw = make_rewriter("fr", **opts)
+    assert rw.backend._model is None
+    res = rw.rewrite_records([{"hpi": "Il est tombé.", "pmh": None}], ["F"])
+    assert rw.backend._model is not None and rw.backend.n_calls == 1 and res[0]["hpi"].status == "unparsed"
+    again = make_rewriter("fr", **opts)
+    assert again.rewrite_records([{"hpi": "Il est tombé.", "pmh": None}], ["F"]) == res
+    assert again.backend._model is None and again.backend.n_calls == 0      # a fully cached run never loads the model
+    assert again.backend.cache_id() == rw.backend.cache_id() and again.backend.cache_id()["model"].startswith("files:")
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma"])
+def test_hf_backend_shared_prefix_other_families(family):
+    "Sliding-window (mistral) and system-less chat templates (gemma-like): same greedy answers as plain generation."
+    from triage_cf.emulator import NO_SYSTEM_TEMPLATE, tiny_causal_lm, tiny_tokenizer
+    corpus = [m["content"] for m in rewrite_messages({"note": "He fell."}, "M", "en", n_shots=2)]
+    tok = tiny_tokenizer(corpus, vocab_size=300, chat_template=NO_SYSTEM_TEMPLATE if family == "gemma" else None)
+    model = tiny_causal_lm(family, tok, hidden_size=32, num_layers=1, seed=1)
+    convs = [rewrite_messages({"note": t}, "M", "en", n_shots=2) for t in ("He fell.", "His wife says he is confused.")]
+    shared = HFRewriteBackend(model, tok, batch_size=2, max_new_tokens=6)
+    assert shared.generate(convs) == HFRewriteBackend(model, tok, batch_size=1, max_new_tokens=6, share_prefix=False).generate(convs)
+
+
+def test_vllm_is_imported_only_when_chosen():
+    import importlib.util
+    assert "vllm" not in sys.modules
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError, match="pip install vllm"):
+            make_rewriter("en", backend="vllm")
+    with pytest.raises(ValueError, match="unknown backend"):
+        make_rewriter("en", backend="llamacpp")
+
+
+class _FakeOpenAI(BaseHTTPRequestHandler):
+    "An OpenAI-compatible chat-completions server answering what the rules would write."
+    requests: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, body))
+        if body.get("model") != "fake-model":
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b'{"error": "model not found"}')
+            return
+        lang = "fr" if "<sexe>" in body["messages"][-1]["content"] else "en"
+        text = rules_answer(lang, body["messages"][-1]["content"])
+        out = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                       "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def fake_server():
+    _FakeOpenAI.requests = []
+    srv = HTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_openai_backend_against_a_local_server(fake_server, tmp_path):
+    rw = make_rewriter("en", model="fake-model", backend="openai", base_url=fake_server, cache_dir=tmp_path)
+    res = rw.rewrite_records([{"note": "Mr. Smith, 45M, says his wife drove him."}], ["F"])
+    assert res[0]["note"].text == "Ms. Smith, 45F, says her wife drove her."
+    path, body = _FakeOpenAI.requests[0]
+    assert path == "/v1/chat/completions" and body["temperature"] == 0 and body["model"] == "fake-model"
+    assert body["messages"][0]["content"] == LLM_PROMPTS["en"]["system"] and len(body["messages"]) == 22
+    bad = OpenAIRewriteBackend(fake_server, "other-model", retries=0)
+    with pytest.raises(RuntimeError, match="HTTP 404"):
+        bad.generate([rewrite_messages({"note": "He fell."}, "M", "en")])
+
+
+def test_cli_swap_text_llm(fake_server, tmp_path, capsys):
+    from triage_cf.cli import main
+    args = ["swap-text", "--lang", "en", "--to", "female", "--method", "llm", "--backend", "openai",
+            "--base-url", fake_server, "--model", "fake-model", "--cache", str(tmp_path / "c")]
+    assert main(args + ["45M with chest pain, his wife says he fainted"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "45F with chest pain, her wife says she fainted" and "1 model call(s)" in out.err
+    assert main(args + ["45M with chest pain, his wife says he fainted"]) == 0
+    assert "0 model call(s), 1 cached" in capsys.readouterr().err          # the second run is free
+    (tmp_path / "in.tsv").write_text("id\ttext\n1\tHe is anxious.\n2\tKnown prostate cancer, he is stable.\n")
+    assert main(args + ["--file", str(tmp_path / "in.tsv"), "--out", str(tmp_path / "out.tsv")]) == 0
+    out = pd.read_csv(tmp_path / "out.tsv", sep="\t")
+    assert out["text"][0] == "She is anxious." and out["swap_status"].tolist() == ["ok", "excluded"]
+    assert main(["swap-text", "--lang", "en", "--to", "male", "--method", "llm", "--backend", "openai", "She fell."]) == 2
+    assert "--base-url" in capsys.readouterr().err
+    assert main(["swap-text", "--lang", "en", "--to", "male", "--backend", "vllm", "She fell."]) == 2
+    assert "--method llm only" in capsys.readouterr().err
+
+
+# ---- the pair stage ------------------------------------------------------------------------------------------------
+
+def test_build_pairs_with_the_llm(tmp_path):
+    from triage_cf.counterfactuals import build_pairs, counterfactual_flow
+    test = pd.DataFrame({"record_id": ["a", "b", "c", "d"], "sex": ["M", "F", "F", "M"],
+                         "cc_text": ["Chute", "Dyspnée", "Douleur pelvienne", "Malaise"],
+                         "hpi": ["Il est tombé.", "Elle est essoufflée.", "Patiente enceinte de 8 SA.", "Il est confus."],
+                         "pmh": ["HTA", None, None, "Diabétique."]})
+    answers = lambda u: ("pas de balises" if "confus" in u else rules_answer("fr", u))
+    be = Scripted(answers)
+    pairs = build_pairs(test, ["cc_text", "hpi", "pmh"], "fr", method="llm", rewriter=LLMRewriter(be, "fr", cache_dir=tmp_path))
+    assert pairs["status"].tolist() == ["ok", "ok", "excluded", "unparsed"]
+    assert pairs["cf_hpi"].tolist()[:2] == ["Elle est tombée.", "Il est essoufflé."]
+    assert pairs["cf_pmh"].tolist()[:2] == ["HTA", None] and pairs["in_pairs"].tolist() == [True, True, False, False]
+    assert pairs["reason"][3].startswith("hpi: LLM answer: no tags")
+    assert be.n_calls == 3
+    assert "unparsed" in counterfactual_flow(pairs)["status"].tolist()
+    be2 = Scripted(answers)
+    again = build_pairs(test, ["cc_text", "hpi", "pmh"], "fr", method="llm", rewriter=LLMRewriter(be2, "fr", cache_dir=tmp_path))
+    assert be2.n_calls == 0 and again.equals(pairs)
+
+
+def test_stage_parameters_default_to_the_rules():
+    nb = json.loads((Path(__file__).parents[1] / "nbs" / "05_counterfactuals.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    src = "".join(cell["source"])
+    for line in ('rewrite_method = "rules"', 'rewrite_model = "smollm2"', 'rewrite_backend = "hf"', "rewrite_base_url = None"):
+        assert line in src
