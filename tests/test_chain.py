@@ -9,6 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from triage_cf.core import sha256_file
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -124,3 +126,42 @@ def test_cli_reports_failure(toy):
     assert p.returncode == 1
     assert "stage c_third failed" in p.stderr and "planted failure in c" in p.stderr
     assert "a_first" in p.stdout and "ran" in p.stdout
+
+
+CHUNKED = [("code", PARAMS, ["parameters"]),
+           ("code", "from triage_cf.core import stage_setup, write_json\nimport json, os\n"
+                    "paths = stage_setup('d_chunked', dataset, profile, run_dir, seed)"),
+           # a durable chunk, reused when present (as fine-tuning checkpoints and prediction chunks are)
+           ("code", "chunk = paths.data / 'chunks' / 'part-0.json'\n"
+                    "if chunk.exists():\n    part = json.loads(chunk.read_text())\n"
+                    "else:\n    part = {'rows': 3}\n    write_json(chunk, part)\n"
+                    "if os.environ.get('TOY_CRASH'):\n    raise RuntimeError('planted crash after the chunk')\n"
+                    "(paths.tables / 'd.csv').write_text(f\"rows\\n{part['rows']}\\n\")")]
+
+
+def test_durable_chunks_interrupted_and_corrupted(toy, monkeypatch):
+    """A stage interrupted after writing a durable chunk resumes from it and records it among its outputs; a corrupted
+    chunk of a finished stage is moved to data/_quarantine/ before the stage re-runs, so the stage recomputes it."""
+    from triage_cf.chain import StageFailed, reproduce
+    root, _ = toy
+    nbformat.write(_nb(CHUNKED), root / "nbs" / "d_chunked.ipynb")
+    out = root / "runs" / "toy" / "smoke"
+    chunk, rel = out / "data" / "chunks" / "part-0.json", "data/chunks/part-0.json"
+    monkeypatch.setenv("TOY_CRASH", "1")
+    with pytest.raises(StageFailed, match="planted crash"):
+        reproduce("toy", "smoke", stages=["d_chunked"], quiet=True)
+    first = json.loads((out / "run.json").read_text())["stages"]["d_chunked"]
+    assert first["status"] == "failed" and chunk.exists()
+    before = (chunk.stat().st_ino, chunk.stat().st_mtime_ns)
+    monkeypatch.delenv("TOY_CRASH")
+    assert _statuses(reproduce("toy", "smoke", stages=["d_chunked"], quiet=True)) == ["ran"]
+    rec = json.loads((out / "run.json").read_text())["stages"]["d_chunked"]
+    assert (chunk.stat().st_ino, chunk.stat().st_mtime_ns) == before           # reused, not recomputed
+    assert rec["resumed_from"] == first["started"] and rel in rec["outputs"]    # and recorded: its corruption is detected
+    chunk.write_text('{"rows": ')                                               # truncated
+    assert _statuses(reproduce("toy", "smoke", stages=["d_chunked"], quiet=True)) == ["ran"]
+    rec = json.loads((out / "run.json").read_text())["stages"]["d_chunked"]
+    assert rec["quarantined"] == [rel] and (out / "data" / "_quarantine" / rel).read_text() == '{"rows": '
+    assert json.loads(chunk.read_text()) == {"rows": 3} and (out / "tables" / "d.csv").read_text() == "rows\n3\n"
+    assert "resumed_from" not in rec and rec["outputs"][rel] == sha256_file(chunk)
+    assert not any("_quarantine" in k for k in rec["outputs"])

@@ -4,6 +4,12 @@ A stage is skipped when its notebook, its parameters, the package code and every
 its last successful run and all the artifacts it wrote are still there with the same sha256 (recorded in run.json).
 Once one stage runs, every later stage runs too. A failing stage stops the chain; run.json records it as failed.
 
+Crashes: a killed (or failed) stage is re-run from the top of its notebook, and the notebook resumes from the durable
+work it left (fine-tuning checkpoints, prediction chunks: atomic writes, so never half-written); that work counts among
+the stage's outputs in run.json. Before a stage re-runs, every artifact of its last successful run whose sha256 no longer
+matches run.json (truncated, corrupted) is moved to `data/_quarantine/`, so that the stage recomputes it and never reads
+it. The stage kernels get `PYTHONHASHSEED` = the run's seed (tests/test_crash_resume.py, tests/test_reproducible.py).
+
 Data protection (triage_cf.governance): papermill executes a stage into `data/_executed/<stage>.ipynb` (the run
 folder's record-level area, never rendered). Only after the scanner has checked that notebook, its HTML and every
 rendered file of the run folder against the run's records is the notebook moved to `notebooks/` and its HTML written
@@ -29,7 +35,16 @@ from .core import CHAIN_ENV, RunPaths, load_params, repo_root, run_dir_for, sha2
 from .governance import RenderBlocked, policy_for_dataset, publish_notebook, sanitize_message
 
 #: The ordered stage list of the chain. Later issues insert their stages here (e.g. "04_emulator").
-STAGES: list[str] = ["01_data", "02_cohort", "03_split", "04_emulator", "05_counterfactuals", "06_predict", "07_metrics", "09_report"]
+STAGES: list[str] = ["01_data", "02_cohort", "03_split", "04_emulator", "04b_baselines", "05_counterfactuals", "06_predict", "07_metrics",
+                     "08_recovery", "09_report"]
+#: Stages that run only when the profile turns them on (parameter name -> truthy): the planted-bias recovery study
+#: trains several emulators and belongs to the `calibration` profile, not to `make reproduce`.
+OPTIONAL_STAGES: dict[str, str] = {"08_recovery": "recovery_study"}
+
+
+def stages_for(params: dict) -> list[str]:
+    "The chain's stages under `params` (optional stages only when their switch is on)."
+    return [s for s in STAGES if s not in OPTIONAL_STAGES or params.get(OPTIONAL_STAGES[s])]
 
 #: Files of the run folder that are bookkeeping, not stage artifacts.
 _BOOKKEEPING = {"run.json", ".lock"}
@@ -95,16 +110,20 @@ def _package_versions() -> dict:
     return out
 
 
-def _outputs_since(paths: RunPaths, start_ns: int) -> dict[str, str]:
-    "Artifacts (relative path -> sha256) written in the run folder since `start_ns`."
+def _outputs_since(paths: RunPaths, start_ns: int, exclude: set[str] = frozenset()) -> dict[str, str]:
+    """Artifacts (relative path -> sha256) written in the run folder since `start_ns`, except the paths in `exclude`.
+
+    Temporary files and folders of atomic writes (a name starting with "." or ending with ".tmp", e.g. the half-written
+    checkpoint folder of a killed fine-tune) are not artifacts."""
     out = {}
     for p in sorted(paths.root.rglob("*")):
-        if not p.is_file() or p.name in _BOOKKEEPING or p.name.endswith(".tmp") or p.name.startswith("."):
+        if not p.is_file() or p.name in _BOOKKEEPING or p.name.endswith(".tmp"):
             continue
-        if tuple(p.relative_to(paths.root).parts[:2]) in _BOOKKEEPING_DIRS:
+        rel = p.relative_to(paths.root)
+        if any(part.startswith(".") for part in rel.parts) or tuple(rel.parts[:2]) in _BOOKKEEPING_DIRS:
             continue
-        if p.stat().st_mtime_ns >= start_ns:
-            out[str(p.relative_to(paths.root))] = sha256_file(p)
+        if str(rel) not in exclude and p.stat().st_mtime_ns >= start_ns:
+            out[str(rel)] = sha256_file(p)
     return out
 
 
@@ -114,6 +133,21 @@ def _outputs_intact(paths: RunPaths, outputs: dict[str, str]) -> bool:
         if not p.is_file() or sha256_file(p) != sha:
             return False
     return True
+
+
+def _quarantine_corrupt(paths: RunPaths, outputs: dict[str, str]) -> list[str]:
+    """Move the artifacts of `outputs` whose sha256 differs from the recorded one to `data/_quarantine/` (same relative
+    path) before their stage runs again, so that the stage recomputes them and never reads them (a stage's durable chunks
+    and checkpoints are reused when present). Returns the moved paths."""
+    moved = []
+    for rel, sha in sorted(outputs.items()):
+        p = paths.root / rel
+        if p.is_file() and sha256_file(p) != sha:
+            dst = paths.data / "_quarantine" / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dst)
+            moved.append(rel)
+    return moved
 
 
 def load_run_json(paths: RunPaths) -> dict:
@@ -150,12 +184,15 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
 
     `until`: run only the stages before this one (used by a notebook run by hand to get its inputs).
     Returns one StageResult per stage; raises StageFailed when a stage fails."""
-    stages = list(stages or STAGES)
-    if until is not None:
-        if until not in stages:
-            raise ValueError(f"unknown stage {until!r}; stages: {stages}")
-        stages = stages[: stages.index(until)]
     params = load_params(dataset, profile)
+    stages = list(stages or stages_for(params))
+    if until is not None:
+        if until in stages:
+            stages = stages[: stages.index(until)]
+        elif until in STAGES:  # an optional stage that is off: the stages declared before it
+            stages = [s for s in stages if s in STAGES and STAGES.index(s) < STAGES.index(until)]
+        else:
+            raise ValueError(f"unknown stage {until!r}; stages: {stages}")
     paths = RunPaths(run_dir_for(dataset, profile, out)).make()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     results: list[StageResult] = []
@@ -170,8 +207,10 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
         code_fp = _code_fingerprint()
         upstream_key = sha256_text(json.dumps({"dataset": dataset, "profile": profile, "code": code_fp}, sort_keys=True))
         ran_any = False
-        old_env = os.environ.get(CHAIN_ENV)
-        os.environ[CHAIN_ENV] = "1"
+        # the stage kernels inherit these: in the chain, and python's str hashing (set and dict-of-set orders) is fixed
+        chain_env = {CHAIN_ENV: "1", "PYTHONHASHSEED": str(params.get("seed", 0))}
+        old_env = {k: os.environ.get(k) for k in chain_env}
+        os.environ.update(chain_env)
         try:
             for stage in stages:
                 nb = stage_notebook(stage)
@@ -189,13 +228,28 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
                     say(f"{stage:<16} skipped   (unchanged)")
                     upstream_key = key
                     continue
+                # a corrupted (or truncated) artifact of the stage's last run is detected by its sha256 and set aside
+                quarantined = _quarantine_corrupt(paths, rec.get("outputs", {}))
+                for rel in quarantined:
+                    say(f"{stage:<16} {rel}: sha256 differs from run.json; moved to data/_quarantine/ and recomputed")
+                t0, start_ns = time.perf_counter(), time.time_ns() - 1_000_000
+                # an interrupted attempt of the same stage (killed or failed, same key, nothing upstream re-ran) left durable
+                # work (checkpoints, prediction chunks) that this attempt resumes from: it counts among the stage's outputs
+                resumed = (not ran_any and rec.get("status") in ("running", "failed") and rec.get("key") == key
+                           and isinstance(rec.get("start_ns"), int))
+                if resumed:
+                    start_ns = min(start_ns, rec["start_ns"])
                 ran_any = True
                 out_nb = paths.notebooks / f"{stage}.ipynb"
                 exec_nb = paths.data / "_executed" / f"{stage}.ipynb"  # unscanned: record-level area until published
                 exec_nb.parent.mkdir(parents=True, exist_ok=True)
                 exec_nb.unlink(missing_ok=True)
-                t0, start_ns = time.perf_counter(), time.time_ns() - 1_000_000
-                run["stages"][stage] = {"status": "running", "key": key, "started": _dt.datetime.now().isoformat(timespec="seconds")}
+                run["stages"][stage] = {"status": "running", "key": key, "started": _dt.datetime.now().isoformat(timespec="seconds"),
+                                        "start_ns": start_ns}
+                if resumed:
+                    run["stages"][stage]["resumed_from"] = rec.get("started")
+                if quarantined:
+                    run["stages"][stage]["quarantined"] = quarantined
                 write_json(paths.run_json, run)
                 try:
                     _execute(nb, exec_nb, stage_params, progress=(not quiet) if progress is None else progress)
@@ -233,10 +287,14 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
                     say(f"{stage:<16} BLOCKED   {wall:7.1f} s")
                     raise StageFailed(f"stage {stage} failed: {rb}") from None
                 wall = time.perf_counter() - t0
-                outputs = _outputs_since(paths, start_ns)
+                earlier = {rel for s in stages[:stages.index(stage)] for rel in run["stages"].get(s, {}).get("outputs", {})}
+                outputs = _outputs_since(paths, start_ns, exclude=earlier)  # (a resumed attempt's window is wider)
                 prov = paths.data / "provenance.json"
                 if prov.exists():
                     run["data_files"] = json.loads(prov.read_text(encoding="utf-8")).get("files", {})
+                models = _model_records(paths)
+                if models:
+                    run["models"] = models
                 run["stages"][stage].update(status="ok", wall_s=round(wall, 3), outputs=outputs,
                                             finished=_dt.datetime.now().isoformat(timespec="seconds"))
                 run.pop("error", None)
@@ -245,11 +303,26 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
                 say(f"{stage:<16} ran       {wall:7.1f} s")
                 upstream_key = key
         finally:
-            if old_env is None:
-                os.environ.pop(CHAIN_ENV, None)
-            else:
-                os.environ[CHAIN_ENV] = old_env
+            for k, v in old_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return results
+
+
+def _model_records(paths: RunPaths) -> dict:
+    """What run.json says of each trained model of the run folder (`data/models/<name>/emulator.json` or `model.json`):
+    kind, base model and the sha256 of the base weights and of the trained weights (adapter or full model)."""
+    out = {}
+    for meta in sorted([*(paths.data / "models").glob("*/emulator.json"), *(paths.data / "models").glob("*/model.json")]):
+        try:
+            m = json.loads(meta.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        out[meta.parent.name] = {k: m[k] for k in ("kind", "ft_model", "model", "base_model", "base_sha256", "weights_sha256",
+                                                  "n_parameters") if k in m}
+    return out
 
 
 def _record_scan(run: dict, stage: str, findings: list, policy, say) -> None:

@@ -202,14 +202,16 @@ def save_figure(fig, figures_dir: str | Path, name: str, dpi: int = 120) -> Path
 
 # %% ../nbs/00_core.ipynb #2f7f0b4b
 def seed_everything(seed: int) -> np.random.Generator:
-    "Seed python, numpy and torch (if present); returns a numpy Generator for the caller's own draws."
+    "Seed python, numpy and torch (if present) and make torch deterministic; returns a numpy Generator for the caller's own draws."
     random.seed(seed)
     np.random.seed(seed % (2**32))
     os.environ["PYTHONHASHSEED"] = str(seed)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (GPU only)
     try:
         import torch
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # CPU and every CUDA device
         torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
     except ImportError:
         pass
     return np.random.default_rng(seed)
