@@ -220,3 +220,14 @@ def test_calibration_profile_matches_the_notebook():
         assert p["synth"]["n_records"] > 0 and p["recovery_n_records"] > 2 * p["recovery_train_n"]
     # the default profile (make reproduce) does not run the study
     assert not load_params("synth-fr", "default").get("recovery_study")
+
+
+def test_stratified_subsample(settings):
+    co = R.condition_cohort(settings, 0.0, 0.0, 5, 400)
+    sub = R.stratified_subsample(co, 100, 0, ["triage_level", "sex"])
+    assert len(sub) == 100 and sub["record_id"].is_monotonic_increasing and sub["record_id"].is_unique
+    assert sub.equals(R.stratified_subsample(co, 100, 0, ["triage_level", "sex"]))      # seeded
+    share = lambda d: d.groupby(["triage_level", "sex"]).size() / len(d)
+    assert (share(sub) - share(co)).abs().max() < 0.02                                   # strata kept
+    assert len(R.stratified_subsample(co, 3, 0, ["triage_level", "sex"])) == 3          # fewer rows than strata
+    assert len(R.stratified_subsample(co, None, 0, ["sex"])) == len(co)

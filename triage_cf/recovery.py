@@ -197,14 +197,17 @@ def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: flo
     return res.cohort
 
 def stratified_subsample(df: pd.DataFrame, n: int | None, seed: int, by: Sequence[str]) -> pd.DataFrame:
-    "A seeded subsample of `n` rows stratified by the columns `by` (strata of one row pooled), sorted by record_id."
+    """A seeded subsample of `n` rows stratified by the columns `by` (strata of one row pooled), sorted by record_id;
+    a plain seeded sample when `n` (or what is left) is smaller than the number of strata."""
     from sklearn.model_selection import train_test_split
     if n is not None and n < len(df):
         strata = df[list(by)].astype(str).agg("|".join, axis=1)
         strata = strata.where(strata.map(strata.value_counts()) >= 2, "rare")
         if (strata == "rare").sum() == 1:
             strata = strata.where(strata != "rare", strata.value_counts().index[0])
-        df, _ = train_test_split(df, train_size=int(n), random_state=int(seed), stratify=strata)
+        k = strata.nunique()
+        df, _ = train_test_split(df, train_size=int(n), random_state=int(seed),
+                                 stratify=strata if min(int(n), len(df) - int(n)) >= k else None)
     return df.sort_values("record_id").reset_index(drop=True)
 
 def _oracle_knobs(settings: RecoverySettings, bias_tab: float, bias_text: float) -> dict:
