@@ -31,7 +31,7 @@ setuptools.setup(
     python_requires=">=" + cfg["min_python"],
     packages=setuptools.find_packages(include=["triage_cf", "triage_cf.*"]),
     include_package_data=True,
-    package_data={"triage_cf": ["resources/*"]},
+    package_data={"triage_cf": ["resources/*", "resources/*/*"]},
     install_requires=requirements,
     extras_require={"dev": dev_requirements, "llm": llm_requirements, "gpu": gpu_requirements},
     entry_points={"console_scripts": cfg.get("console_scripts", "").split(), "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},

@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
+
+#: Hand-written glue modules that add their own subcommands: each defines `register(subparsers)`.
+SUBCOMMAND_MODULES = ("cli_margins", "cli_tbias", "cli_data")
 
 
 def _cmd_reproduce(args) -> int:
@@ -121,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--column", default="text", help="the TSV column to rewrite (default: text)")
     w.add_argument("--out", default=None, help="output TSV (default: standard output)")
     w.set_defaults(func=_cmd_swap_text)
+    for name in SUBCOMMAND_MODULES:
+        if importlib.util.find_spec(f"{__package__}.{name}") is not None:
+            importlib.import_module(f"{__package__}.{name}").register(sub)
     return p
 
 
