@@ -1,11 +1,11 @@
 """Tests of triage_cf.emulator (issue 5): prompts, label tokens, answer-only loss, training, resume, fast inference
-against the paper's reference pipeline, every tiny model family, the OpenAI-compatible backend against a local stub
-server, and the SmolLM2 conversion. Tiny models only (seconds on a CPU); speed is measured in benchmarks/, not here."""
+against the paper's reference pipeline, every tiny model family, label distributions through an OpenAI-compatible
+server (the suite's one fake server, tests/fake_openai.py), and the SmolLM2 conversion. Tiny models only (seconds on a CPU); speed is measured in benchmarks/, not here."""
 import importlib.util
 import json
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from triage_cf import emulator as E  # noqa: E402
+from triage_cf.llm import SMOLLM2_GGUF_SHA256, LocalClient, make_client  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 LEVELS = [1, 2, 3, 4, 5]
 WORDS = {1: "cardiac arrest", 2: "crushing chest pain", 3: "abdominal pain", 4: "ankle sprain", 5: "prescription refill"}
@@ -150,7 +153,7 @@ def test_fast_path_equals_reference_pipeline(trained, tok, tmp_path):
     prompts = E.render_prompts(test, tok, LEVELS, "en")
     E.save_emulator(trained.model, tok, tmp_path / "emu", LEVELS)  # before HFBackend merges the adapter in place
     assert (tmp_path / "emu" / "adapter" / "adapter_model.safetensors").exists()
-    be = E.HFBackend(trained.model, tok, LEVELS, batch_size=8, dtype=None)
+    be = LocalClient(trained.model, tok, LEVELS, batch_size=8, dtype=None)
     probs = E.predict_proba(be, prompts)
     np.testing.assert_allclose(probs.sum(1), 1, atol=1e-5)
     fast = E.proba_frame(probs, LEVELS)["pred"].tolist()
@@ -176,8 +179,8 @@ def test_every_family_runs(corpus, tmp_path):
         E.save_emulator(res.model, t, tmp_path / f"{family}-emu", LEVELS, base_model=base_path)
         loaded, t2, meta = E.load_emulator(tmp_path / f"{family}-emu")
         assert meta["levels"] == LEVELS
-        be_a = E.HFBackend(res.model, t, LEVELS, dtype=None)
-        be_b = E.HFBackend(loaded, t2, LEVELS, dtype=None)
+        be_a = LocalClient(res.model, t, LEVELS, dtype=None)
+        be_b = LocalClient(loaded, t2, LEVELS, dtype=None)
         pv = E.predict_views(be_a, t, recs, LEVELS, "en", out_dir=tmp_path / f"{family}-pred", chunk_size=10)
         assert pv.shape[0] == 3 * len(recs) and set(pv.view) == set(E.VIEWS)
         assert sorted(p.name for p in (tmp_path / f"{family}-pred" / "tab_iso").glob("chunk-*")) == [
@@ -186,64 +189,32 @@ def test_every_family_runs(corpus, tmp_path):
         full_p = pv.query("view == 'full'")[[f"p_{l}" for l in LEVELS]].to_numpy()
         np.testing.assert_allclose(E.predict_proba(be_b, prompts), full_p, atol=1e-5)  # reloaded == trained
         assert be_a._prefix_cache(E.encode_prompts(t, prompts)[0], "cpu")[0] > 16  # shared prefix reused ...
-        no_share = E.HFBackend(res.model, t, LEVELS, dtype=None, share_prefix=False)
+        no_share = LocalClient(res.model, t, LEVELS, dtype=None, share_prefix=False)
         np.testing.assert_allclose(no_share.label_probs(prompts), full_p, atol=1e-5)  # ... with the same result
 
 
-class _Stub(BaseHTTPRequestHandler):
-    "An OpenAI-compatible /v1/completions stub: the level is read from 'level=K' in the prompt."
-    requests: list = []
-
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Stub.requests.append((self.path, dict(self.headers), body))
-        if body["model"] == "missing":
-            self.send_response(404); self.end_headers(); self.wfile.write(b'{"error": "no such model"}'); return
-        choices = []
-        for i, p in enumerate(body["prompt"]):
-            k = int(p.split("level=")[1][0])
-            top = {"Ġ" + str(k): math.log(0.6), str(k): math.log(0.1), "the": math.log(0.2),
-                   str(k % 5 + 1): math.log(0.05), " x": math.log(0.01)}
-            if body["model"] == "nolabels":
-                top = {"the": -0.1}
-            choices.append({"index": i, "text": str(k), "logprobs": {"tokens": [str(k)], "top_logprobs": [top]}})
-        out = json.dumps({"choices": choices[::-1]}).encode()  # any order: choices carry their index
-        self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
-        self.wfile.write(out)
-
-
-def test_openai_backend_against_local_stub():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
-        be = E.make_backend("openai", base_url=url, model="emu", levels=LEVELS, api_key="k", batch_size=3, concurrency=2)
+def test_openai_client_label_probs_against_the_fake_server():
+    "The emulator's predictions through an OpenAI-compatible server (the suite's one fake: it returns logprobs)."
+    from fake_openai import FakeOpenAI, level_logprobs
+    with FakeOpenAI() as srv:
+        be = make_client("openai", model="emu", base_url=srv.url, levels=LEVELS, batch_size=3, concurrency=2)
         prompts = [f"patient level={k}" for k in [3, 1, 5, 2, 4, 3, 3]]
         p = E.predict_proba(be, prompts)
         assert p.shape == (7, 5)
-        want3 = np.array([0, 0, 0.7, 0.05, 0]) / 0.75
-        np.testing.assert_allclose(p[0], want3, atol=1e-6)
-        assert E.proba_frame(p, LEVELS)["pred"].tolist() == [3, 1, 5, 2, 4, 3, 3]
-        path, headers, body = _Stub.requests[0]
-        assert path == "/v1/completions" and headers["Authorization"] == "Bearer k"
-        assert body["max_tokens"] == 1 and body["temperature"] == 0 and body["logprobs"] == 20 and len(body["prompt"]) <= 3
-        with pytest.raises(ValueError, match="none of the label tokens"):
-            E.OpenAIBackend(url, "nolabels", LEVELS).label_probs(["level=1"])
-        with pytest.raises(RuntimeError, match="HTTP 404"):
-            E.OpenAIBackend(url, "missing", LEVELS, retries=0).label_probs(["level=1"])
-    finally:
-        srv.shutdown()
+        want = np.exp(np.array([list(level_logprobs(q).values()) for q in prompts]))
+        np.testing.assert_allclose(p, want / want.sum(1, keepdims=True), atol=1e-6)
+        assert E.proba_frame(p, LEVELS)["pred"].tolist() == [int(np.argmax(w)) + 1 for w in want]
+        assert be.stats["calls"] == 3                     # batches of 3 prompts
+        short = make_client("openai", model="emu", base_url=srv.url, levels=LEVELS, top_logprobs=2)
+        q = short.label_probs(prompts[:1])[0]
+        assert (q > 0).sum() == 2                         # levels outside the server's top list get probability 0
 
 
 def test_vllm_backend_is_an_optional_extra():
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed: the guard is not exercised")
     with pytest.raises(ImportError, match="optional vLLM extra"):
-        E.make_backend("vllm", model_path="x", levels=LEVELS)
+        make_client("vllm", model="x", levels=LEVELS)
 
 
 def test_qlora_needs_cuda(tok, tmp_path):
@@ -263,7 +234,7 @@ def test_qlora_needs_cuda(tok, tmp_path):
 def test_smollm2_conversion():
     path = E.convert_smollm2()  # converts once into the cache (~30 s), later calls verify the checksums
     meta = E.verify_model_dir(path)
-    assert meta["source_sha256"] == E.SMOLLM2_GGUF_SHA256 and "model.safetensors" in meta["files"]
+    assert meta["source_sha256"] == SMOLLM2_GGUF_SHA256 and "model.safetensors" in meta["files"]
     assert not list(path.glob("*.bin")) and not list(path.glob("*.gguf"))
     model, tok = E.load_causal_lm(path)
     assert 1.3e8 < sum(p.numel() for p in model.parameters()) < 1.4e8
@@ -271,5 +242,5 @@ def test_smollm2_conversion():
     recs = canonical_records(2)
     prompts = E.render_prompts(recs, tok, LEVELS, "en")
     assert prompts[0].startswith("<|im_start|>system\nYou are a system")
-    p = E.predict_proba(E.HFBackend(model, tok, LEVELS, dtype=None), prompts)
+    p = E.predict_proba(LocalClient(model, tok, LEVELS, dtype=None), prompts)
     np.testing.assert_allclose(p.sum(1), 1, atol=1e-5)

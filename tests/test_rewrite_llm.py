@@ -1,23 +1,25 @@
 """The few-shot LLM rewriting function g (issue 6; paper section 5.3, Appendix B.2): prompts and exemplars, strict
-parsing, the durable cache (hit / miss / resume after a crash), validation of every answer, the hf backend on a tiny
-model built from a config, the OpenAI-compatible backend against a local fake server, the CLI, and the pair stage."""
+parsing, the durable answer cache of the LLM layer (hit / miss / resume after a crash), validation of every answer, the
+local backend on a tiny model built from a config, the OpenAI-compatible backend against the suite's one fake server,
+the CLI, and the pair stage."""
 from __future__ import annotations
 
 import json
 import re
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from importlib import resources
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from triage_cf.rewrite import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, Generation, HFRewriteBackend, LLMRewriter,
-                               OpenAIRewriteBackend, RewriteCache, counterfactual_text, g, load_exemplars, make_rewriter,
-                               parse_rewrite, prompt_version, rewrite_messages, rewrite_rules, swap_text, swap_tsv,
-                               validate_rewrite)
+from triage_cf.llm import AnswerCache, ScriptedClient, make_client
+from triage_cf.rewrite import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, LLMRewriter, counterfactual_text, g, load_exemplars,
+                               make_rewriter, parse_rewrite, prompt_version, rewrite_messages, rewrite_rules, swap_text,
+                               swap_tsv, validate_rewrite)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_openai import FakeOpenAI  # noqa: E402
 
 OTHER = {"F": "M", "M": "F"}
 
@@ -31,24 +33,9 @@ def rules_answer(lang: str, user: str) -> str:
     return "\n".join(out)
 
 
-class Scripted:
-    "A backend answering with `answer(user_message)`; fails (like a crash) once `fail_after` conversations were sent."
-    name = "scripted"
-
-    def __init__(self, answer, fail_after: int | None = None, model: str = "m1"):
-        self.answer, self.fail_after, self.model, self.n_calls = answer, fail_after, model, 0
-
-    def describe(self):
-        return {"backend": self.name, "model": self.model}
-
-    def cache_id(self):
-        return {"backend": self.name, "model": self.model}
-
-    def generate(self, convs):
-        if self.fail_after is not None and self.n_calls + len(convs) > self.fail_after:
-            raise RuntimeError("backend died")
-        self.n_calls += len(convs)
-        return [Generation(self.answer(c[-1]["content"]), "stop") for c in convs]
+def Scripted(answer, fail_after: int | None = None, model: str = "m1", cache=None) -> ScriptedClient:
+    "A client answering with `answer(user_message)`; dies (like a crash) once `fail_after` answers were given."
+    return ScriptedClient(lambda msgs: answer(msgs[-1]["content"]), model=model, fail_after=fail_after, cache=cache)
 
 
 # ---- prompts and exemplars ----------------------------------------------------------------------------------------
@@ -159,8 +146,8 @@ def test_rewriter_statuses_and_validation(tmp_path):
                "He has": "<sex>female</sex>\n<note>She has no fever, 38.5.</note>",          # changes a number
                "He den": "<sex>female</sex>\n<note>She reports chest pain.</note>",          # drops a negation
                "His BP": "Sure, here it is: Her BP is fine."}
-    be = Scripted(lambda u: answers[u.split("<note>")[1][:6]])
-    rw = LLMRewriter(be, "en", cache_dir=tmp_path)
+    be = Scripted(lambda u: answers[u.split("<note>")[1][:6]], cache=tmp_path / "a.duckdb")
+    rw = LLMRewriter(be, "en")
     recs = [{"note": "He fell."}, {"note": "He has no fever, 37.5."}, {"note": "He denies chest pain."},
             {"note": "His BP is fine."}, {"note": None}, {"note": "Known prostate CA, he is tired."}]
     res = [r["note"] for r in rw.rewrite_records(recs, ["F"] * 6)]
@@ -169,51 +156,55 @@ def test_rewriter_statuses_and_validation(tmp_path):
     assert "'37.5' -> '38.5'" in res[1].reason and "denies" in res[2].reason
     assert res[3].reason.startswith("LLM answer: no tags")
     assert "prostat" in res[5].reason
-    assert be.n_calls == 4                       # missing and excluded records are never sent
+    assert be.n_answered == 4                    # missing and excluded records are never sent
     assert rw.stats["unparsed"] == 1 and rw.stats["rejected_fields"] == 2 and rw.stats["excluded"] == 1
-    assert len(RewriteCache(tmp_path)) == 4     # every answer is cached, failures included
+    assert len(be.cache) == 4                    # every answer is cached, unparseable ones included
 
 
 def test_cache_second_run_is_free_and_keys_separate(tmp_path):
+    db = tmp_path / "a.duckdb"
     recs = [{"note": "He fell."}, {"note": "She is anxious; her son is here."}]
-    be = Scripted(lambda u: rules_answer("en", u))
-    first = LLMRewriter(be, "en", cache_dir=tmp_path).rewrite_records(recs, ["F", "M"])
+    be = Scripted(lambda u: rules_answer("en", u), cache=db)
+    first = LLMRewriter(be, "en").rewrite_records(recs, ["F", "M"])
     assert [r["note"].text for r in first] == ["She fell.", "He is anxious; his son is here."]
-    be2 = Scripted(lambda u: rules_answer("en", u))
-    rw2 = LLMRewriter(be2, "en", cache_dir=tmp_path)
+    be.cache.close()
+    be2 = Scripted(lambda u: rules_answer("en", u), cache=db)
+    rw2 = LLMRewriter(be2, "en")
     assert rw2.rewrite_records(recs, ["F", "M"]) == first
-    assert be2.n_calls == 0 and rw2.stats["cache_hits"] == 2
-    # the key holds the target sex, the language, the prompt and the model
-    k = rw2.key(recs[0], "F")
-    assert k != rw2.key(recs[0], "M")
-    assert k != LLMRewriter(Scripted(None, model="m2"), "en").key(recs[0], "F")
-    assert k != LLMRewriter(be2, "en", n_shots=7).key(recs[0], "F")
-    assert k != LLMRewriter(be2, "fr").key(recs[0], "F")
+    assert be2.n_answered == 0 and rw2.stats["cache_hits"] == 2
+    # the key holds the target sex, the prompt (shots), the language and the model: each change is a miss
+    LLMRewriter(be2, "en").rewrite_records(recs[:1], ["M"])
+    LLMRewriter(be2, "en", n_shots=7).rewrite_records(recs[:1], ["F"])
+    be2.answer = lambda msgs: rules_answer("fr" if "<sexe>" in msgs[-1]["content"] else "en", msgs[-1]["content"])
+    LLMRewriter(be2, "fr").rewrite_records([{"note": "Il est tombé."}], ["F"])
+    assert be2.n_answered == 3
+    be2.cache.close()
+    other = Scripted(lambda u: rules_answer("en", u), model="m2", cache=db)
+    LLMRewriter(other, "en").rewrite_records(recs[:1], ["F"])
+    assert other.n_answered == 1
 
 
 def test_cache_resumes_after_a_crash(tmp_path):
+    db = tmp_path / "a.duckdb"
     recs = [{"note": f"He fell {i} times."} for i in range(5)]
-    dying = Scripted(lambda u: rules_answer("en", u), fail_after=2)
-    with pytest.raises(RuntimeError, match="backend died"):
-        LLMRewriter(dying, "en", cache_dir=tmp_path, batch_size=2).rewrite_records(recs, ["F"] * 5)
-    assert len(RewriteCache(tmp_path)) == 2     # the finished batch was written before the crash
-    be = Scripted(lambda u: rules_answer("en", u))
-    res = LLMRewriter(be, "en", cache_dir=tmp_path, batch_size=2).rewrite_records(recs, ["F"] * 5)
-    assert be.n_calls == 3 and [r["note"].text for r in res] == [f"She fell {i} times." for i in range(5)]
-    assert not list(tmp_path.rglob("*.tmp"))     # atomic writes leave no partial files
+    dying = Scripted(lambda u: rules_answer("en", u), fail_after=2, cache=db)
+    with pytest.raises(RuntimeError, match="died"):
+        LLMRewriter(dying, "en", batch_size=2).rewrite_records(recs, ["F"] * 5)
+    assert len(dying.cache) == 2                 # the answers given before the crash were written
+    dying.cache.close()
+    be = Scripted(lambda u: rules_answer("en", u), cache=db)
+    res = LLMRewriter(be, "en", batch_size=2).rewrite_records(recs, ["F"] * 5)
+    assert be.n_answered == 3 and [r["note"].text for r in res] == [f"She fell {i} times." for i in range(5)]
 
 
-def test_corrupt_cache_entry_is_a_clear_error(tmp_path):
-    rw = LLMRewriter(Scripted(lambda u: rules_answer("en", u)), "en", cache_dir=tmp_path)
-    rw.rewrite_records([{"note": "He fell."}], ["F"])
-    path = next(tmp_path.rglob("*.json"))
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match="unreadable"):
-        LLMRewriter(Scripted(None), "en", cache_dir=tmp_path).rewrite_records([{"note": "He fell."}], ["F"])
+def test_corrupt_cache_is_a_clear_error(tmp_path):
+    (tmp_path / "a.duckdb").write_text("{not a database")
+    with pytest.raises(ValueError, match="cannot be opened"):
+        Scripted(None, cache=tmp_path / "a.duckdb")
 
 
 def test_llm_method_through_the_public_functions(tmp_path):
-    rw = LLMRewriter(Scripted(lambda u: rules_answer("fr", u)), "fr", cache_dir=tmp_path)
+    rw = LLMRewriter(Scripted(lambda u: rules_answer("fr", u)), "fr")
     assert g("Elle est tombée, sa fille l'a retrouvée.", "M", "fr", "llm", rw) == "Il est tombé, sa fille l'a retrouvé."
     assert counterfactual_text("Patiente enceinte.", "M", "fr", "llm", rw).status == "excluded"
     assert swap_text("Il est connu pour HTA.", "fr", "female", "llm", rw) == "Elle est connue pour HTA."
@@ -231,55 +222,59 @@ def test_llm_method_through_the_public_functions(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from triage_cf.emulator import tiny_causal_lm, tiny_tokenizer
+    from triage_cf.llm import tiny_causal_lm, tiny_tokenizer
     corpus = [m["content"] for lang in ("en", "fr") for m in rewrite_messages({"hpi": "Il est tombé.", "pmh": "HTA"}, "M", lang)]
     tok = tiny_tokenizer(corpus, vocab_size=400)
     return tiny_causal_lm("llama", tok, hidden_size=32, num_layers=1, seed=0), tok
 
 
-def test_hf_backend_on_a_tiny_model(tiny, tmp_path):
+def test_local_backend_on_a_tiny_model(tiny, tmp_path):
     model, tok = tiny
-    be = HFRewriteBackend(model, tok, batch_size=2, max_new_tokens=8)
-    rw = LLMRewriter(be, "fr", cache_dir=tmp_path, n_shots=2, batch_size=2)
+    be = make_client("local", model=(model, tok), gen_batch_size=2, cache=tmp_path / "a.duckdb")
+    rw = LLMRewriter(be, "fr", n_shots=2, batch_size=2, max_new_tokens=8)
     recs = [{"hpi": "Il est tombé.", "pmh": "HTA"}, {"hpi": "Patiente de 70 ans.", "pmh": None}, {"hpi": None, "pmh": None}]
     res = rw.rewrite_records(recs, ["F", "M", "F"])
-    assert be.n_calls == 2 and res[2] == {"hpi": counterfactual_text(None, "F", "fr"), "pmh": counterfactual_text(None, "F", "fr")}
+    assert be.stats["calls"] == 2 and res[2] == {"hpi": counterfactual_text(None, "F", "fr"), "pmh": counterfactual_text(None, "F", "fr")}
     # a random 1-layer model does not answer in the format: counted, with a reason, never guessed
     assert {r.status for r in res[0].values()} == {"unparsed"} and res[0]["hpi"].reason.startswith("LLM answer:")
     assert res[1]["pmh"].status == "missing"
     assert "token budget" in res[0]["hpi"].reason or "tag" in res[0]["hpi"].reason
-    plain = HFRewriteBackend(model, tok, batch_size=1, max_new_tokens=8, share_prefix=False)
+    plain = make_client("local", model=(model, tok), gen_batch_size=1, share_prefix=False)
     convs = [rewrite_messages(r, OTHER[t], "fr", 2) for r, t in zip(recs[:2], ["F", "M"])]
-    assert plain.generate(convs) == be.generate(convs)      # the shared prefix cache does not change greedy answers
-    again = LLMRewriter(HFRewriteBackend(model, tok, max_new_tokens=8), "fr", cache_dir=tmp_path, n_shots=2)
-    assert again.rewrite_records(recs, ["F", "M", "F"]) == res and again.backend.n_calls == 0
+    assert [x.text for x in plain.generate(convs, max_tokens=8)] == [x.text for x in be.generate(convs, max_tokens=8)]
+    be.cache.close()
+    again = make_client("local", model=(model, tok), cache=tmp_path / "a.duckdb")
+    assert LLMRewriter(again, "fr", n_shots=2, max_new_tokens=8).rewrite_records(recs, ["F", "M", "F"]) == res
+    assert again.stats["calls"] == 0
 
 
-def test_hf_model_from_a_folder_is_loaded_only_when_needed(tiny, tmp_path):
+def test_local_model_from_a_folder_is_loaded_only_when_needed(tiny, tmp_path):
     model, tok = tiny
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    opts = dict(model=tmp_path / "m", cache_dir=tmp_path / "c", n_shots=1, max_new_tokens=4)
+    opts = dict(model=tmp_path / "m", cache=tmp_path / "c.duckdb", n_shots=1, max_new_tokens=4)
     rw = make_rewriter("fr", **opts)
-    assert rw.backend._model is None
+    assert rw.client._model is None
     res = rw.rewrite_records([{"hpi": "Il est tombé.", "pmh": None}], ["F"])
-    assert rw.backend._model is not None and rw.backend.n_calls == 1 and res[0]["hpi"].status == "unparsed"
+    assert rw.client._model is not None and rw.client.stats["calls"] == 1 and res[0]["hpi"].status == "unparsed"
+    rw.client.cache.close()
     again = make_rewriter("fr", **opts)
     assert again.rewrite_records([{"hpi": "Il est tombé.", "pmh": None}], ["F"]) == res
-    assert again.backend._model is None and again.backend.n_calls == 0      # a fully cached run never loads the model
-    assert again.backend.cache_id() == rw.backend.cache_id() and again.backend.cache_id()["model"].startswith("files:")
+    assert again.client._model is None and again.client.stats["calls"] == 0   # a fully cached run never loads the model
+    assert again.client.fingerprint["weights_sha256"] == rw.client.fingerprint["weights_sha256"]
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma"])
-def test_hf_backend_shared_prefix_other_families(family):
+def test_local_backend_shared_prefix_other_families(family):
     "Sliding-window (mistral) and system-less chat templates (gemma-like): same greedy answers as plain generation."
-    from triage_cf.emulator import NO_SYSTEM_TEMPLATE, tiny_causal_lm, tiny_tokenizer
+    from triage_cf.llm import NO_SYSTEM_TEMPLATE, tiny_causal_lm, tiny_tokenizer
     corpus = [m["content"] for m in rewrite_messages({"note": "He fell."}, "M", "en", n_shots=2)]
     tok = tiny_tokenizer(corpus, vocab_size=300, chat_template=NO_SYSTEM_TEMPLATE if family == "gemma" else None)
     model = tiny_causal_lm(family, tok, hidden_size=32, num_layers=1, seed=1)
     convs = [rewrite_messages({"note": t}, "M", "en", n_shots=2) for t in ("He fell.", "His wife says he is confused.")]
-    shared = HFRewriteBackend(model, tok, batch_size=2, max_new_tokens=6)
-    assert shared.generate(convs) == HFRewriteBackend(model, tok, batch_size=1, max_new_tokens=6, share_prefix=False).generate(convs)
+    shared = make_client("local", model=(model, tok), gen_batch_size=2)
+    plain = make_client("local", model=(model, tok), gen_batch_size=1, share_prefix=False)
+    assert [x.text for x in shared.generate(convs, max_tokens=6)] == [x.text for x in plain.generate(convs, max_tokens=6)]
 
 
 def test_vllm_is_imported_only_when_chosen():
@@ -292,68 +287,41 @@ def test_vllm_is_imported_only_when_chosen():
         make_rewriter("en", backend="llamacpp")
 
 
-class _FakeOpenAI(BaseHTTPRequestHandler):
-    "An OpenAI-compatible chat-completions server answering what the rules would write."
-    requests: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append((self.path, body))
-        if body.get("model") != "fake-model":
-            self.send_response(404)
-            self.end_headers()
-            self.wfile.write(b'{"error": "model not found"}')
-            return
-        lang = "fr" if "<sexe>" in body["messages"][-1]["content"] else "en"
-        text = rules_answer(lang, body["messages"][-1]["content"])
-        out = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                       "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
+def _rules_server(**kw) -> FakeOpenAI:
+    "The suite's fake server answering what the rules would write (a perfect model)."
+    def responder(body):
+        user = body["messages"][-1]["content"]
+        text = rules_answer("fr" if "<sexe>" in user else "en", user)
+        return dict(text=text, tokens=[(text, -0.1, {text: -0.1})])
+    return FakeOpenAI(responder=responder, **kw)
 
 
-@pytest.fixture()
-def fake_server():
-    _FakeOpenAI.requests = []
-    srv = HTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+def test_openai_backend_against_a_local_server(tmp_path):
+    with _rules_server() as srv:
+        rw = make_rewriter("en", model="fake-model", backend="openai", base_url=srv.url, cache=tmp_path / "a.duckdb")
+        res = rw.rewrite_records([{"note": "Mr. Smith, 45M, says his wife drove him."}], ["F"])
+        assert res[0]["note"].text == "Ms. Smith, 45F, says her wife drove her."
+        assert rw.client.stats["calls"] == 1 and rw.client.fingerprint["served_model"] == "fake-model"
+    with _rules_server(hang_if=lambda b: True, hang_s=2) as srv:   # a server that never answers in time: counted, not cached
+        rw = make_rewriter("en", model="fake-model", backend="openai", base_url=srv.url, timeout=0.3, max_retries=0)
+        r = rw.rewrite_records([{"note": "He fell."}], ["F"])[0]["note"]
+        assert r.status == "unparsed" and "model call failed (timeout)" in r.reason and rw.stats["failed_calls"] == 1
 
 
-def test_openai_backend_against_a_local_server(fake_server, tmp_path):
-    rw = make_rewriter("en", model="fake-model", backend="openai", base_url=fake_server, cache_dir=tmp_path)
-    res = rw.rewrite_records([{"note": "Mr. Smith, 45M, says his wife drove him."}], ["F"])
-    assert res[0]["note"].text == "Ms. Smith, 45F, says her wife drove her."
-    path, body = _FakeOpenAI.requests[0]
-    assert path == "/v1/chat/completions" and body["temperature"] == 0 and body["model"] == "fake-model"
-    assert body["messages"][0]["content"] == LLM_PROMPTS["en"]["system"] and len(body["messages"]) == 22
-    bad = OpenAIRewriteBackend(fake_server, "other-model", retries=0)
-    with pytest.raises(RuntimeError, match="HTTP 404"):
-        bad.generate([rewrite_messages({"note": "He fell."}, "M", "en")])
-
-
-def test_cli_swap_text_llm(fake_server, tmp_path, capsys):
+def test_cli_swap_text_llm(tmp_path, capsys):
     from triage_cf.cli import main
-    args = ["swap-text", "--lang", "en", "--to", "female", "--method", "llm", "--backend", "openai",
-            "--base-url", fake_server, "--model", "fake-model", "--cache", str(tmp_path / "c")]
-    assert main(args + ["45M with chest pain, his wife says he fainted"]) == 0
-    out = capsys.readouterr()
-    assert out.out.strip() == "45F with chest pain, her wife says she fainted" and "1 model call(s)" in out.err
-    assert main(args + ["45M with chest pain, his wife says he fainted"]) == 0
-    assert "0 model call(s), 1 cached" in capsys.readouterr().err          # the second run is free
-    (tmp_path / "in.tsv").write_text("id\ttext\n1\tHe is anxious.\n2\tKnown prostate cancer, he is stable.\n")
-    assert main(args + ["--file", str(tmp_path / "in.tsv"), "--out", str(tmp_path / "out.tsv")]) == 0
-    out = pd.read_csv(tmp_path / "out.tsv", sep="\t")
-    assert out["text"][0] == "She is anxious." and out["swap_status"].tolist() == ["ok", "excluded"]
+    with _rules_server() as srv:
+        args = ["swap-text", "--lang", "en", "--to", "female", "--method", "llm", "--backend", "openai",
+                "--base-url", srv.url, "--model", "fake-model", "--cache", str(tmp_path / "c.duckdb")]
+        assert main(args + ["45M with chest pain, his wife says he fainted"]) == 0
+        out = capsys.readouterr()
+        assert out.out.strip() == "45F with chest pain, her wife says she fainted" and "1 model call(s)" in out.err
+        assert main(args + ["45M with chest pain, his wife says he fainted"]) == 0
+        assert "0 model call(s), 1 cached" in capsys.readouterr().err          # the second run is free
+        (tmp_path / "in.tsv").write_text("id\ttext\n1\tHe is anxious.\n2\tKnown prostate cancer, he is stable.\n")
+        assert main(args + ["--file", str(tmp_path / "in.tsv"), "--out", str(tmp_path / "out.tsv")]) == 0
+        out = pd.read_csv(tmp_path / "out.tsv", sep="\t")
+        assert out["text"][0] == "She is anxious." and out["swap_status"].tolist() == ["ok", "excluded"]
     assert main(["swap-text", "--lang", "en", "--to", "male", "--method", "llm", "--backend", "openai", "She fell."]) == 2
     assert "--base-url" in capsys.readouterr().err
     assert main(["swap-text", "--lang", "en", "--to", "male", "--backend", "vllm", "She fell."]) == 2
@@ -369,22 +337,23 @@ def test_build_pairs_with_the_llm(tmp_path):
                          "hpi": ["Il est tombé.", "Elle est essoufflée.", "Patiente enceinte de 8 SA.", "Il est confus."],
                          "pmh": ["HTA", None, None, "Diabétique."]})
     answers = lambda u: ("pas de balises" if "confus" in u else rules_answer("fr", u))
-    be = Scripted(answers)
-    pairs = build_pairs(test, ["cc_text", "hpi", "pmh"], "fr", method="llm", rewriter=LLMRewriter(be, "fr", cache_dir=tmp_path))
+    be = Scripted(answers, cache=tmp_path / "a.duckdb")
+    pairs = build_pairs(test, ["cc_text", "hpi", "pmh"], "fr", method="llm", rewriter=LLMRewriter(be, "fr"))
     assert pairs["status"].tolist() == ["ok", "ok", "excluded", "unparsed"]
     assert pairs["cf_hpi"].tolist()[:2] == ["Elle est tombée.", "Il est essoufflé."]
     assert pairs["cf_pmh"].tolist()[:2] == ["HTA", None] and pairs["in_pairs"].tolist() == [True, True, False, False]
     assert pairs["reason"][3].startswith("hpi: LLM answer: no tags")
-    assert be.n_calls == 3
+    assert be.n_answered == 3
     assert "unparsed" in counterfactual_flow(pairs)["status"].tolist()
-    be2 = Scripted(answers)
-    again = build_pairs(test, ["cc_text", "hpi", "pmh"], "fr", method="llm", rewriter=LLMRewriter(be2, "fr", cache_dir=tmp_path))
-    assert be2.n_calls == 0 and again.equals(pairs)
+    be.cache.close()
+    be2 = Scripted(answers, cache=tmp_path / "a.duckdb")
+    again = build_pairs(test, ["cc_text", "hpi", "pmh"], "fr", method="llm", rewriter=LLMRewriter(be2, "fr"))
+    assert be2.n_answered == 0 and again.equals(pairs)
 
 
 def test_stage_parameters_default_to_the_rules():
     nb = json.loads((Path(__file__).parents[1] / "nbs" / "05_counterfactuals.ipynb").read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     src = "".join(cell["source"])
-    for line in ('rewrite_method = "rules"', 'rewrite_model = "smollm2"', 'rewrite_backend = "hf"', "rewrite_base_url = None"):
+    for line in ('rewrite_method = "rules"', 'rewrite_model = "smollm2"', 'rewrite_backend = "local"', "rewrite_base_url = None"):
         assert line in src

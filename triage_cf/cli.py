@@ -5,16 +5,23 @@ import argparse
 import importlib
 import importlib.util
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import pandas as pd
+
+from .chain import StageFailed, reproduce
+from .core import run_dir_for
+from .data import dataset_status
+from .metrics import metrics_from_csv
+from .rewrite import SexSpecificContent, default_rewrite_cache, make_rewriter, swap_text, swap_tsv
 
 #: Hand-written glue modules that add their own subcommands: each defines `register(subparsers)`.
 SUBCOMMAND_MODULES = ("cli_margins", "cli_tbias", "cli_data")
 
 
 def _cmd_reproduce(args) -> int:
-    from .chain import StageFailed, reproduce
-    from .core import run_dir_for
     out = run_dir_for(args.dataset, args.profile, args.out)
     print(f"triage-cf reproduce: dataset={args.dataset} profile={args.profile} run folder={out}", flush=True)
     t0 = time.perf_counter()
@@ -28,15 +35,13 @@ def _cmd_reproduce(args) -> int:
 
 
 def _cmd_datasets(args) -> int:
-    from .data import dataset_status
     df = dataset_status()
-    with __import__("pandas").option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
         print(df.to_string(index=False))
     return 0
 
 
 def _cmd_metrics(args) -> int:
-    from .metrics import metrics_from_csv
     try:
         written = metrics_from_csv(args.pairs, args.out, n_boot=args.n_boot, seed=args.seed, ci_method=args.ci)
     except (ValueError, FileNotFoundError) as exc:
@@ -48,19 +53,17 @@ def _cmd_metrics(args) -> int:
 
 
 def _cmd_swap_text(args) -> int:
-    from .rewrite import SexSpecificContent, swap_text, swap_tsv
     try:
         rewriter = None
         if args.method == "llm":
-            from .rewrite import default_rewrite_cache, make_rewriter
             if args.backend == "openai" and not (args.base_url and args.model):
                 print("error: --backend openai needs --base-url (e.g. http://localhost:8000/v1) and --model (the served "
                       "model's name)", file=sys.stderr)
                 return 2
             rewriter = make_rewriter(args.lang, model=args.model or "smollm2", backend=args.backend, base_url=args.base_url,
-                                     cache_dir=Path(args.cache) if args.cache else default_rewrite_cache(),
+                                     cache=Path(args.cache) if args.cache else default_rewrite_cache(),
                                      n_shots=args.n_shots, batch_size=args.batch_size)
-        elif any(v is not None for v in (args.model, args.base_url, args.cache, args.n_shots)) or args.backend != "hf":
+        elif any(v is not None for v in (args.model, args.base_url, args.cache, args.n_shots)) or args.backend != "local":
             print("error: --model/--backend/--base-url/--cache/--n-shots apply to --method llm only", file=sys.stderr)
             return 2
         if args.file:
@@ -69,7 +72,6 @@ def _cmd_swap_text(args) -> int:
                 return 2
             out = args.out or "-"
             if out == "-":
-                import tempfile
                 with tempfile.TemporaryDirectory() as d:
                     tmp = Path(d) / "out.tsv"
                     swap_tsv(args.file, args.column, args.lang, args.to, tmp, method=args.method, rewriter=rewriter)
@@ -117,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--to", required=True, choices=["female", "male"])
     w.add_argument("--method", default="rules", choices=["rules", "llm"], help="rules (default) or the few-shot LLM")
     w.add_argument("--model", default=None, help="llm: smollm2 (default), a local model folder, or the server's model name")
-    w.add_argument("--backend", default="hf", choices=["hf", "vllm", "openai"], help="llm: inference backend (default hf)")
+    w.add_argument("--backend", default="local", choices=["local", "hf", "vllm", "openai"],
+                   help="llm: the LLM layer's backend (default local; hf is its old name)")
     w.add_argument("--base-url", default=None, help="llm, backend openai: the server, e.g. http://localhost:8000/v1")
-    w.add_argument("--cache", default=None, help="llm: answer cache folder (default <$TRIAGE_CF_CACHE>/rewrite_cache)")
+    w.add_argument("--cache", default=None, help="llm: answer cache, a DuckDB file (default <$TRIAGE_CF_CACHE>/llm_answers.duckdb)")
     w.add_argument("--n-shots", type=int, default=None, help="llm: exemplars in the prompt (default all 10; the paper's 5.3 used 7)")
     w.add_argument("--batch-size", type=int, default=4, help="llm: records per model batch (default 4)")
     w.add_argument("--file", default=None, help="a TSV whose --column is rewritten (adds swap_status, swap_reason)")

