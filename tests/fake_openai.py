@@ -56,9 +56,9 @@ class FakeOpenAI:
     a server that ignores logprob requests (answers without the field)."""
 
     def __init__(self, responder=default_responder, latency: float = 0.0, fail_share: float = 0.0, logprobs: bool = True,
-                 hang_if=None, hang_s: float = 5.0, model: str = "fake-model"):
+                 hang_if=None, hang_s: float = 5.0, model: str = "fake-model", port: int = 0):
         self.responder, self.latency, self.fail_share, self.logprobs = responder, latency, fail_share, logprobs
-        self.hang_if, self.hang_s, self.model = hang_if, hang_s, model
+        self.hang_if, self.hang_s, self.model, self.port = hang_if, hang_s, model, port
         self.lock = threading.Lock()
         self.attempts: Counter = Counter()   # request key -> attempts received
         self.answered: Counter = Counter()   # request key -> 200 answers sent
@@ -135,6 +135,11 @@ class FakeOpenAI:
                 self.wfile.write(data)
 
             def do_GET(self):
+                if self.path.endswith("/stats"):   # counters, for a server run in its own process
+                    with fake.lock:
+                        return self._send(200, {"attempts": sum(fake.attempts.values()), "injected": fake.injected,
+                                                "answered": sum(fake.answered.values()), "distinct_answered": len(fake.answered),
+                                                "duplicated": sum(v - 1 for v in fake.answered.values() if v > 1)})
                 self._send(200, {"object": "list", "data": [{"id": fake.model, "object": "model"}]})
 
             def do_POST(self):
@@ -162,7 +167,10 @@ class FakeOpenAI:
                     fake.answered[key] += 1
                 self._send(200, payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128   # many clients at once: none refused at the socket
+
+        self.server = Server(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -172,3 +180,10 @@ class FakeOpenAI:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+if __name__ == "__main__":   # a server in its own process (benchmarks): python tests/fake_openai.py PORT LATENCY FAIL_SHARE
+    import sys
+    with FakeOpenAI(latency=float(sys.argv[2]), fail_share=float(sys.argv[3]), port=int(sys.argv[1])) as srv:
+        print(srv.url, flush=True)
+        threading.Event().wait()
