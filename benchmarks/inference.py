@@ -5,7 +5,7 @@ plus LoRA training throughput (tokens/s).
     .venv/bin/python benchmarks/inference.py                # 512 prompts (paper-style path ~ minutes on 2 CPU cores)
     .venv/bin/python benchmarks/inference.py --n 64         # reduced size (the JSON records n and reduced_size)
 
-Paths: `fast` is what the chain runs (HFBackend with its defaults: bf16 where it pays, and on a CPU the fp32 re-check
+Paths: `fast` is what the chain runs (the LLM layer's LocalClient with its defaults: bf16 where it pays, and on a CPU the fp32 re-check
 of near-ties, so that its predictions are the fp32 model's); `fast_bf16` is bf16 without the re-check and `fast_fp32`
 fp32 throughout, for comparison; `reference` is the paper's pipeline in fp32 (bf16 on GPUs). The emulator is first
 LoRA-trained on --train-n prompts for --epochs epochs (a barely trained emulator puts most prompts near a tie, the
@@ -31,6 +31,7 @@ from sklearn.metrics import cohen_kappa_score
 
 from triage_cf import emulator as E
 from triage_cf.core import repo_root, seed_everything, write_json
+from triage_cf.llm import LocalClient
 
 LEVELS = [1, 2, 3, 4, 5]
 COMPLAINTS = {1: ["cardiac arrest", "unresponsive", "major trauma"], 2: ["chest pain", "shortness of breath", "stroke symptoms"],
@@ -114,7 +115,7 @@ def main(argv=None):
             dtypes[name] = str(next(m.parameters()).dtype)
         else:
             m, t, _ = E.load_emulator(work / "emu", device=device)
-            be = E.HFBackend(m, t, LEVELS, batch_size=a.batch_size, dtype=dtype,
+            be = LocalClient(m, t, LEVELS, batch_size=a.batch_size, dtype=dtype,
                              **({} if name == "fast" else {"recheck_margin": None}))
             runners[name] = lambda ps, be=be: list(be.label_probs(ps))
             dtypes[name] = str(next(be.model.parameters()).dtype)

@@ -1,7 +1,7 @@
 """Benchmark of issue 6: the few-shot LLM rewriting function g (triage_cf.rewrite, paper section 5.3 / Appendix B.2)
 end to end with a real model on a handful of synthetic records per language. Writes benchmarks/results/rewrite_llm.json.
 
-    nice -n 10 .venv/bin/python benchmarks/rewrite_llm.py [--n 8] [--model smollm2] [--backend hf] [--batch-size 4]
+    nice -n 10 .venv/bin/python benchmarks/rewrite_llm.py [--n 8] [--model smollm2] [--backend local] [--batch-size 4]
 
 Records come from the synthetic generator (triage_cf.synth.generate_raw, fixed seed): the first `--n` records per
 language whose text fields hold no Appendix A term (those are excluded before any model call, so they say nothing
@@ -95,11 +95,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--langs", default="fr,en")
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--backend", default="hf", choices=["hf", "vllm", "openai"])
+    ap.add_argument("--backend", default="local", choices=["local", "vllm", "openai"])
     ap.add_argument("--base-url", default=None)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--n-shots", type=int, default=None, help="exemplars per prompt (default: all 10)")
-    ap.add_argument("--cache", default=None, help="cache folder (default: a fresh temporary folder, so the first run computes)")
+    ap.add_argument("--cache", default=None, help="answer cache, a DuckDB file (default: in a fresh temporary folder, so the first run computes)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rewrite_llm.json"))
     args = ap.parse_args()
 
@@ -107,22 +107,22 @@ def main() -> None:
     tmp = None
     if args.cache is None:
         tmp = tempfile.TemporaryDirectory(prefix="rewrite_llm_cache_")
-    cache = Path(args.cache or tmp.name)
+    cache = Path(args.cache) if args.cache else Path(tmp.name) / "answers.duckdb"
     results = {}
     samples = []
     for lang in args.langs.split(","):
         recs = sample(lang, args.n, args.seed)
         t0 = time.perf_counter()
-        rw = make_rewriter(lang, model=args.model, backend=args.backend, base_url=args.base_url, cache_dir=cache,
+        rw = make_rewriter(lang, model=args.model, backend=args.backend, base_url=args.base_url, cache=cache,
                            n_shots=args.n_shots, batch_size=args.batch_size)
         t_load = time.perf_counter() - t0
         targets = ["M" if r["source_sex"] == "F" else "F" for r in recs]
         t0 = time.perf_counter()
         first = rw.rewrite_records([r["fields"] for r in recs], targets)
         t_first = time.perf_counter() - t0
-        calls_first = rw.backend.n_calls
-        again = LLMRewriter(rw.backend, lang, cache_dir=cache, n_shots=args.n_shots, batch_size=args.batch_size)
-        calls_before = rw.backend.n_calls
+        calls_first = rw.client.stats["calls"]
+        again = LLMRewriter(rw.client, lang, n_shots=args.n_shots, batch_size=args.batch_size)
+        calls_before = rw.client.stats["calls"]
         t0 = time.perf_counter()
         second = again.rewrite_records([r["fields"] for r in recs], targets)
         t_second = time.perf_counter() - t0
@@ -131,13 +131,13 @@ def main() -> None:
         res.update({
             "rules_g_on_same_records": {k: score(lang, recs, rules)[k] for k in ("exact_match_records", "status_counts")},
             "prompt_version": rw.prompt_version,
-            "backend": rw.backend.describe(),
+            "backend": rw.client.describe(),
             "seconds_model_load": round(t_load, 2),
             "seconds_first_run": round(t_first, 2),
             "seconds_per_record_first_run": round(t_first / max(1, calls_first), 2),
             "model_calls_first_run": calls_first,
             "seconds_second_run": round(t_second, 3),
-            "model_calls_second_run": rw.backend.n_calls - calls_before,
+            "model_calls_second_run": rw.client.stats["calls"] - calls_before,
             "second_run_identical": second == first,
             "cache_hits_second_run": again.stats["cache_hits"],
         })
