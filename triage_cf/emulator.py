@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from sklearn.model_selection import train_test_split
+from tqdm.auto import tqdm
 
 from .core import atomic_write_text, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
 from .llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, _base_of, _input_device,
@@ -32,8 +34,8 @@ HFBackend = LocalClient   # transitional name, removed once every stage builds i
 __all__ = ['HFBackend', 'SYSTEM_PROMPTS', 'TAB_FIELDS', 'TEXT_FIELDS', 'VIEWS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT',
            'ANSWER_CUE', 'LORA_TARGETS', 'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value',
            'render_patient', 'chat_prompt', 'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora',
-           'TrainResult', 'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator', 'predict_proba',
-           'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
+           'stratified_subsample', 'TrainResult', 'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator',
+           'predict_proba', 'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
 
 # %% ../nbs/04_emulator.ipynb #067cb16e
 SYSTEM_PROMPTS = {
@@ -197,6 +199,27 @@ def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1, gradient
                      bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, cfg)
 
+# %% ../nbs/04_emulator.ipynb #1f9cbefd
+def stratified_subsample(df: pd.DataFrame, n: int | None, column: str = "triage_level", seed: int = 0) -> tuple[pd.DataFrame, str]:
+    "(`n` rows of `df` stratified by `column`, sorted by record_id; how they were drawn) (see above)."
+    if n is None or n >= len(df):
+        return df, f"all {len(df)} records"
+    counts = df[column].value_counts()
+    rare = counts[counts < 2].index
+    keep, rest = df[df[column].isin(rare)], df[~df[column].isin(rare)]
+    k = n - len(keep)
+    n_strata = rest[column].nunique()
+    if k >= n_strata and len(rest) - k >= n_strata:
+        out, _ = train_test_split(rest, train_size=k, random_state=seed, stratify=rest[column])
+        how = (f"{n} of {len(df)} records, stratified by {column}" if keep.empty else
+               f"{n} of {len(df)} records: {len(keep)} of level(s) {sorted(int(x) for x in rare)} kept whole (one record "
+               f"each), {k} stratified by {column} from the other levels")
+        out = out if keep.empty else pd.concat([keep, out])
+    else:
+        out = df.sample(n=n, random_state=seed)
+        how = f"{n} of {len(df)} records, plain seeded sample ({n_strata} levels cannot be stratified in {k} draws)"
+    return out.sort_values("record_id").reset_index(drop=True), how
+
 # %% ../nbs/04_emulator.ipynb #8794a7ce
 #: the columns of `TrainResult.history`, one record per epoch
 HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_acc", "seconds", "train_tokens", "tokens_per_s")
@@ -266,8 +289,6 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
     "Fine-tune `model` so that $p_\\theta(t_y\\mid x_p)$ fits the nurses' levels `labels` (section 2.1); see above."
     import torch
     from safetensors.torch import load_file, save_file
-    from sklearn.model_selection import train_test_split
-    from tqdm.auto import tqdm
     from transformers import get_linear_schedule_with_warmup
 
     levels = [int(l) for l in levels]
@@ -442,7 +463,6 @@ def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_
 def predict_proba(backend, prompts: Sequence[str], ids: Sequence[str] | None = None, out_dir: str | Path | None = None,
                   chunk_size: int = 1024, progress: bool = False) -> np.ndarray:
     "Probability vector over the backend's levels for every prompt (n, k); chunked, atomic and resumable with `out_dir`."
-    from tqdm.auto import tqdm
     prompts = list(prompts)
     ids = [str(i) for i in (ids if ids is not None else range(len(prompts)))]
     if len(ids) != len(prompts):
