@@ -227,26 +227,28 @@ _CHECKPOINT_FILES = ("state.json", "trainable.safetensors", "trainer_state.pt")
 
 @dataclass
 class TrainResult:
-    "What `train_emulator` returns."
+    "What `train_emulator` returns (`step_losses`: the global batch's mean loss at every step this call ran)."
     model: Any
     history: list[dict]
     best_epoch: int
     stopped_early: bool
     out_dir: Path
     n_truncated: int = 0
+    step_losses: list = None
 
-def _input_device(model):
-    return _base_of(model).get_input_embeddings().weight.device
+def _unwrap(model):
+    "The model itself under a distributed wrapper (DDP / FSDP's `module`)."
+    return getattr(model, "module", model)
 
 def _trainable_state(model) -> dict:
-    return {n: p.detach().to("cpu").contiguous().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().to("cpu").contiguous().clone() for n, p in _unwrap(model).named_parameters() if p.requires_grad}
 
 def _load_trainable(model, state: dict):
-    params = dict(model.named_parameters())
+    import torch
+    params = dict(_unwrap(model).named_parameters())
     bad = [k for k in state if k not in params]
     if bad:
         raise ValueError(f"checkpoint holds {len(bad)} parameters the model lacks, e.g. {bad[:3]}")
-    import torch
     with torch.no_grad():
         for k, v in state.items():
             params[k].copy_(v.to(params[k].device, params[k].dtype))
@@ -263,9 +265,11 @@ def _epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: in
         batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
+# %% ../nbs/04_emulator.ipynb #e7980ba8
 def _evaluate(model, seqs, label_pos, label_ids, pad_id, batch_size) -> tuple[float, float]:
     "(mean NLL, restricted-argmax accuracy) on a held-out set."
     import torch
+    model = _unwrap(model)
     was = model.training
     model.eval()
     nll, correct = 0.0, 0
@@ -280,55 +284,17 @@ def _evaluate(model, seqs, label_pos, label_ids, pad_id, batch_size) -> tuple[fl
     model.train(was)
     return nll / max(len(seqs), 1), correct / max(len(seqs), 1)
 
-def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int], out_dir: str | Path,
-                   epochs: int = 5, batch_size: int = 8, grad_accum: int = 1, lr: float = 2e-4, weight_decay: float = 0.0,
-                   warmup_frac: float = 0.03, val_frac: float = 0.1, patience: int = 1, min_delta: float = 1e-3,
-                   lora: bool = True, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.1,
-                   gradient_checkpointing: bool = False, max_length: int | None = None, seed: int = 42,
-                   resume: bool = True, callback: Callable[[dict], None] | None = None, progress: bool = False) -> TrainResult:
-    "Fine-tune `model` so that $p_\\theta(t_y\\mid x_p)$ fits the nurses' levels `labels` (section 2.1); see above."
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import get_linear_schedule_with_warmup
-
-    levels = [int(l) for l in levels]
-    labels = [int(y) for y in labels]
-    if len(prompts) != len(labels):
-        raise ValueError(f"{len(prompts)} prompts but {len(labels)} labels")
-    bad = sorted({y for y in labels if y not in levels})
-    if bad:
-        raise ValueError(f"labels {bad} ({sum(y in bad for y in labels)} records) are not among the levels {levels}")
-    out_dir = Path(out_dir)
-    ck_root = out_dir / "checkpoints"
-    label_ids = label_token_ids(tokenizer, levels)
-    pad_id = _pad_id(tokenizer)
-    config = dict(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, lr=lr, weight_decay=weight_decay,
-                  warmup_frac=warmup_frac, val_frac=val_frac, patience=patience, min_delta=min_delta, lora=lora,
-                  lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, max_length=max_length, seed=seed,
-                  levels=levels, label_ids=label_ids,
-                  data_sha256=sha256_text(json.dumps([list(prompts), labels], ensure_ascii=False)))
-
-    seed_everything(seed)
-    if lora and not hasattr(model, "peft_config"):
-        model = add_lora(model, lora_r, lora_alpha, lora_dropout, gradient_checkpointing)
-    elif not lora:
-        for p in model.parameters():
-            p.requires_grad_(True)
-    seqs, n_trunc = encode_prompts(tokenizer, prompts, max_length)
-    pos = [levels.index(y) for y in labels]
-    idx = np.arange(len(seqs))
+def _train_val_split(pos: list[int], val_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    "Indices of the training and validation prompts (stratified by level when every level has two records)."
+    idx = np.arange(len(pos))
     n_val = math.ceil(val_frac * len(idx))
     counts = np.bincount(pos)[np.unique(pos)]
     strat = pos if counts.min() >= 2 and len(counts) <= min(n_val, len(idx) - n_val) else None  # stratify when possible
-    tr_idx, va_idx = (train_test_split(idx, test_size=n_val, random_state=seed, stratify=strat) if n_val > 0 else (idx, idx[:0]))
-    tr_seqs, tr_pos = [seqs[i] for i in tr_idx], [pos[i] for i in tr_idx]
-    va_seqs, va_pos = [seqs[i] for i in va_idx], [pos[i] for i in va_idx]
-    steps_per_epoch = math.ceil(math.ceil(len(tr_seqs) / batch_size) / grad_accum)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    sched = get_linear_schedule_with_warmup(opt, int(warmup_frac * steps_per_epoch * epochs), steps_per_epoch * epochs)
+    return train_test_split(idx, test_size=n_val, random_state=seed, stratify=strat) if n_val > 0 else (idx, idx[:0])
 
-    history, start, best_epoch, best_val, bad_epochs, finished = [], 1, 0, float("inf"), 0, False
+# %% ../nbs/04_emulator.ipynb #c666fb33
+def _find_checkpoint(ck_root: Path, config: dict, resume: bool) -> Path | None:
+    "The last complete checkpoint made with `config` (None: start afresh); other settings in the folder are an error."
     latest = ck_root / "LATEST.json"
     ck = ck_root / json.loads(latest.read_text())["checkpoint"] if resume and latest.exists() else None
     if ck is not None and not all((ck / f).is_file() for f in _CHECKPOINT_FILES):
@@ -343,6 +309,102 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
         if diff:
             raise ValueError(f"checkpoints in {ck_root} were made with other settings or data {sorted(diff)}; "
                              f"use another out_dir or resume=False")
+    return ck
+
+def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) -> None:
+    "Write epoch `epoch`'s checkpoint through a temporary folder renamed into place, then the LATEST pointer (atomic)."
+    import torch
+    from safetensors.torch import save_file
+    name = f"epoch-{epoch:03d}"
+    tmp = ck_root / f".{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+    save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "trainer_state.pt")
+    write_json(tmp / "state.json", dict(epoch=epoch, **state))
+    shutil.rmtree(ck_root / name, ignore_errors=True)
+    os.replace(tmp, ck_root / name)
+    write_json(ck_root / "LATEST.json", {"checkpoint": name})
+
+# %% ../nbs/04_emulator.ipynb #565eea98
+def _train_epoch(model, opt, sched, seqs, pos, label_ids, pad_id, batch_size, grad_accum, seed, epoch, progress,
+                 accelerator, step_losses) -> dict:
+    """One epoch over the global batches of `_epoch_batches(seed, epoch)`. Under `accelerate` with $P$ processes, process
+    $r$ takes the rows $r, r+P, \\dots$ of every global batch $B$ and back-propagates $\\frac{P}{|B|}\\sum_{i\\in B_r}\\ell_i$; DDP
+    averages the gradients over the processes, so every step is the single-process step on the same global batch."""
+    import torch
+    model.train()
+    world = accelerator.num_processes if accelerator is not None else 1
+    rank = accelerator.process_index if accelerator is not None else 0
+    dev = _input_device(_unwrap(model))
+    lab = torch.as_tensor(label_ids, device=dev)
+    t0, tokens, loss_sum, n_seen = time.perf_counter(), 0, 0.0, 0
+    batches = _epoch_batches([len(s) for s in seqs], batch_size, seed, epoch)
+    opt.zero_grad(set_to_none=True)
+    for bi, b in enumerate(tqdm(batches, desc=f"epoch {epoch}", disable=not progress)):
+        mine = b[rank::world]
+        batch = collate_left([seqs[i] for i in mine], pad_id, dev)
+        y = lab[torch.as_tensor([pos[i] for i in mine], device=dev)]
+        nll = answer_nll(model, batch, y)
+        if accelerator is None:
+            (nll.mean() / grad_accum).backward()
+            s, t = float(nll.detach().sum()), int(batch["attention_mask"].sum())
+        else:
+            accelerator.backward(nll.sum() * (world / len(b)) / grad_accum)
+            red = accelerator.reduce(torch.tensor([float(nll.detach().sum()), float(batch["attention_mask"].sum())],
+                                                  dtype=torch.float64, device=dev), "sum")
+            s, t = float(red[0]), int(red[1])
+        if (bi + 1) % grad_accum == 0 or bi + 1 == len(batches):
+            opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        step_losses.append(s / len(b))
+        loss_sum += s; n_seen += len(b); tokens += t
+    secs = time.perf_counter() - t0
+    return dict(train_loss=loss_sum / max(n_seen, 1), seconds=secs, train_tokens=tokens,
+                tokens_per_s=tokens / secs if secs > 0 else float("nan"))
+
+# %% ../nbs/04_emulator.ipynb #fa806543
+def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int], out_dir: str | Path,
+                   epochs: int = 5, batch_size: int = 8, grad_accum: int = 1, lr: float = 2e-4, weight_decay: float = 0.0,
+                   warmup_frac: float = 0.03, val_frac: float = 0.1, patience: int = 1, min_delta: float = 1e-3,
+                   lora: bool = True, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.1,
+                   gradient_checkpointing: bool = False, max_length: int | None = None, seed: int = 42,
+                   resume: bool = True, callback: Callable[[dict], None] | None = None, progress: bool = False,
+                   accelerator=None) -> TrainResult:
+    "Fine-tune `model` so that $p_\\theta(t_y\\mid x_p)$ fits the nurses' levels `labels` (section 2.1); see above."
+    import torch
+    from safetensors.torch import load_file
+    from transformers import get_linear_schedule_with_warmup
+    levels, labels = [int(l) for l in levels], [int(y) for y in labels]
+    if len(prompts) != len(labels):
+        raise ValueError(f"{len(prompts)} prompts but {len(labels)} labels")
+    bad = sorted({y for y in labels if y not in levels})
+    if bad:
+        raise ValueError(f"labels {bad} ({sum(y in bad for y in labels)} records) are not among the levels {levels}")
+    ck_root = Path(out_dir) / "checkpoints"
+    label_ids, pad_id = label_token_ids(tokenizer, levels), _pad_id(tokenizer)
+    config = dict(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, lr=lr, weight_decay=weight_decay,
+                  warmup_frac=warmup_frac, val_frac=val_frac, patience=patience, min_delta=min_delta, lora=lora,
+                  lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, max_length=max_length, seed=seed,
+                  levels=levels, label_ids=label_ids,
+                  data_sha256=sha256_text(json.dumps([list(prompts), labels], ensure_ascii=False)))
+    seed_everything(seed)
+    if lora and not hasattr(model, "peft_config"):
+        model = add_lora(model, lora_r, lora_alpha, lora_dropout, gradient_checkpointing)
+    elif not lora:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    seqs, n_trunc = encode_prompts(tokenizer, prompts, max_length)
+    pos = [levels.index(y) for y in labels]
+    tr_idx, va_idx = _train_val_split(pos, val_frac, seed)
+    tr_seqs, tr_pos = [seqs[i] for i in tr_idx], [pos[i] for i in tr_idx]
+    va_seqs, va_pos = [seqs[i] for i in va_idx], [pos[i] for i in va_idx]
+    steps_per_epoch = math.ceil(math.ceil(len(tr_seqs) / batch_size) / grad_accum)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    sched = get_linear_schedule_with_warmup(opt, int(warmup_frac * steps_per_epoch * epochs), steps_per_epoch * epochs)
+    history, start, best_epoch, best_val, bad_epochs, finished = [], 1, 0, float("inf"), 0, False
+    ck = _find_checkpoint(ck_root, config, resume)
+    if ck is not None:
+        state = json.loads((ck / "state.json").read_text())
         _load_trainable(model, load_file(ck / "trainable.safetensors"))
         ts = torch.load(ck / "trainer_state.pt", weights_only=True)
         opt.load_state_dict(ts["optimizer"]); sched.load_state_dict(ts["scheduler"]); torch.set_rng_state(ts["torch_rng"])
@@ -352,32 +414,21 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
         history = [{k: r[k] for k in HISTORY_KEYS} for r in state["history"]]
         best_epoch, best_val, bad_epochs, finished = state["best_epoch"], state["best_val"], state["bad_epochs"], state["finished"]
         start = state["epoch"] + 1
-    elif ck_root.exists():
+    elif ck_root.exists() and (accelerator is None or accelerator.is_main_process):
         shutil.rmtree(ck_root)
-
-    dev = _input_device(model)
-    lab = torch.as_tensor(label_ids, device=dev)
-    lengths = [len(s) for s in tr_seqs]
-    epoch = start - 1
+    main = accelerator is None or accelerator.is_main_process
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+        model, opt = accelerator.prepare(model, opt)
+    step_losses: list[float] = []
     for epoch in range(start, epochs + 1):
         if finished:
             break
-        model.train()
-        t0, tokens, loss_sum, n_seen = time.perf_counter(), 0, 0.0, 0
-        batches = _epoch_batches(lengths, batch_size, seed, epoch)
-        opt.zero_grad(set_to_none=True)
-        for bi, b in enumerate(tqdm(batches, desc=f"epoch {epoch}", disable=not progress)):
-            batch = collate_left([tr_seqs[i] for i in b], pad_id, dev)
-            y = lab[torch.as_tensor([tr_pos[i] for i in b], device=dev)]
-            nll = answer_nll(model, batch, y)
-            (nll.mean() / grad_accum).backward()
-            if (bi + 1) % grad_accum == 0 or bi + 1 == len(batches):
-                opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-            loss_sum += float(nll.detach().sum()); n_seen += len(b); tokens += int(batch["attention_mask"].sum())
-        secs = time.perf_counter() - t0
+        rec = _train_epoch(model, opt, sched, tr_seqs, tr_pos, label_ids, pad_id, batch_size, grad_accum, seed, epoch,
+                           progress and main, accelerator, step_losses)
         val_loss, val_acc = _evaluate(model, va_seqs, va_pos, label_ids, pad_id, batch_size) if va_seqs else (float("nan"), float("nan"))
-        rec = dict(epoch=epoch, train_loss=loss_sum / max(n_seen, 1), val_loss=val_loss, val_acc=val_acc, seconds=secs,
-                   train_tokens=tokens, tokens_per_s=tokens / secs if secs > 0 else float("nan"))
+        rec = dict(epoch=epoch, train_loss=rec["train_loss"], val_loss=val_loss, val_acc=val_acc, seconds=rec["seconds"],
+                   train_tokens=rec["train_tokens"], tokens_per_s=rec["tokens_per_s"])
         assert tuple(rec) == HISTORY_KEYS
         history.append(rec)
         score = val_loss if va_seqs else rec["train_loss"]
@@ -386,24 +437,18 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
         else:
             bad_epochs += 1
         finished = bad_epochs >= patience or epoch == epochs
-        # checkpoint: temporary folder, renamed into place, then the LATEST pointer (atomic)
-        name = f"epoch-{epoch:03d}"
-        tmp = ck_root / f".{name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-        save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
-        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "trainer_state.pt")
-        write_json(tmp / "state.json", dict(epoch=epoch, history=history, best_epoch=best_epoch, best_val=best_val,
-                                            bad_epochs=bad_epochs, finished=finished, config=config))
-        shutil.rmtree(ck_root / name, ignore_errors=True)
-        os.replace(tmp, ck_root / name)
-        write_json(latest, {"checkpoint": name})
+        if main:   # checkpoints are written by the main process only (they resume under any process count)
+            _save_checkpoint(ck_root, epoch, model, opt, sched, dict(history=history, best_epoch=best_epoch, best_val=best_val,
+                                                                   bad_epochs=bad_epochs, finished=finished, config=config))
+        if accelerator is not None:
+            accelerator.wait_for_everyone()
         if callback is not None:
             callback(rec)
+    model = _unwrap(model)
     if best_epoch:
         _load_trainable(model, load_file(ck_root / f"epoch-{best_epoch:03d}" / "trainable.safetensors"))
     model.eval()
-    return TrainResult(model, history, best_epoch, len(history) < epochs, out_dir, n_trunc)
+    return TrainResult(model, history, best_epoch, len(history) < epochs, Path(out_dir), n_trunc, step_losses)
 
 # %% ../nbs/04_emulator.ipynb #34595b95
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")

@@ -321,6 +321,7 @@ def collate_left(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> dic
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
 def _base_of(model):
+    model = getattr(model, "module", model)   # under DDP / FSDP wrappers
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 def _keeps_logits(model) -> bool:
