@@ -5,6 +5,8 @@ people keep their gender, nothing else changes (numbers, units, negations, drugs
 punctuation, spacing, case, words merely containing a gendered string)."""
 from __future__ import annotations
 
+import unicodedata
+
 import pandas as pd
 import pytest
 
@@ -368,3 +370,164 @@ def test_review_sample_two_strata_and_all_agree(tmp_path):
     r = review_agreement(tmp_path / "a.csv", tmp_path / "b.csv")
     assert r["n_agree"] == 20 and r["observed_agreement"] == 1.0
     assert r["cohen_kappa"] != r["cohen_kappa"]          # undefined (nan) when a single category is used by both
+
+
+# ---- issue 16: the three remaining error classes of g -------------------------------------------------------------
+# Written from the rules (notebook 05a, "Sex-specific content", "English rules", "French rules"), not from outputs.
+
+# Appendix A terms match as whole words, each term with its forms listed explicitly (resources/sex_specific_forms_*.yaml)
+MUST_EXCLUDE = [
+    ("en", "s/p TAH for uterine fibroids", "uter"),
+    ("en", "IUD (intrauterine device) placed 2019", "uter"),
+    ("en", "Hx of ovarian cyst, now with RLQ pain", "ovar"),
+    ("en", "Vaginal bleeding x2 days", "vagin"),
+    ("en", "Testicular pain after kick", "testic"),
+    ("en", "BPH with prostatitis", "prostat"),
+    ("en", "Post-menopausal, on HRT", "menopaus"),
+    ("en", "Pt is PREGNANT, 12 weeks", "pregnan"),
+    ("en", "Prior C-section in 2015", "c-section"),
+    ("en", "Followed by OB/GYN", "ob/gyn"),
+    ("en", "Hx of gynecomastia on spironolactone", "gyneco"),
+    ("en", "Mother of 3, miscarried last year", "miscarr"),
+    ("fr", "Antécédent d'hystérectomie", "hystérectomie"),
+    ("fr", "Aménorrhée depuis 2 mois", "ménorrhée"),
+    ("fr", "Douleur testiculaire droite", "testicul"),
+    ("fr", "Suivi en gynécologie", "gyné"),
+    ("fr", "IVG en 2018", "ivg"),
+    ("fr", "K du sein traité en 2010", "k sein"),
+    ("fr", "Trompe de Fallope", "fallope"),
+    ("fr", "Patiente ménopausée", "menopause"),
+    ("fr", "Grossesse extra-utérine", "grossesse"),
+    ("fr", "Douleur de l'utérus", "utér"),
+    ("fr", "Pas de règles depuis 2 mois", "règles"),
+]
+MUST_NOT_EXCLUDE = [
+    ("en", "Outer ear pain, computer worker"),                 # uter inside unrelated words
+    ("en", "Cesare Rossi, 45M, fell at home"),                 # a first name holding cesare
+    ("en", "Bowel invagination on CT"),                        # vagin inside invagination
+    ("en", "Deuterium oxide study, neutered dog bite"),
+    ("en", "Takes Novartis trial drug"),                       # ovar inside a company/drug name
+    ("en", "Router fell on her foot"),
+    ("en", "Hx of dissemination of infection"),
+    ("en", "OB negative stool guaiac"),                        # OB = occult blood, not ob/gyn
+    ("fr", "A voulu chuter de sa chaise"),                     # uter inside chuter
+    ("fr", "Invagination intestinale aiguë"),                  # vagin inside invagination
+    ("fr", "Allergie à la penicilline"),                       # peni inside a drug name without its accent
+    ("fr", "Allergie à la pénicilline et à la penicillamine"),
+    ("fr", "Difficultés pour exécuter les ordres simples"),    # uter inside exécuter
+    ("fr", "Règles hygiéno-diététiques expliquées"),           # rules, not periods
+    ("fr", "Souhaite discuter du traitement"),                 # uter inside discuter
+    ("fr", "Percuté par une voiture, a chuté"),
+    ("fr", "Kiné pour lombalgie, prend du Spasfon"),
+    ("fr", "Syndrome de Ménière connu"),                       # an eponym
+]
+
+
+@pytest.mark.parametrize("lang,text,term", MUST_EXCLUDE)
+def test_sex_specific_forms_exclude(lang, text, term):
+    from triage_cf.rewrite import sex_specific_match
+    assert sex_specific_match(text, lang) == term
+    assert counterfactual_text(text, "F", lang).status == "excluded"
+
+
+@pytest.mark.parametrize("lang,text", MUST_NOT_EXCLUDE)
+def test_stems_inside_unrelated_words_do_not_exclude(lang, text):
+    assert not is_sex_specific(text, lang)
+    assert counterfactual_text(text, "M", lang).status == "ok"
+
+
+def test_every_appendix_term_has_forms(tmp_path, monkeypatch):
+    from triage_cf import rewrite
+    for lang in ("en", "fr"):
+        forms, _ = rewrite.sex_specific_forms(lang)
+        assert set(forms) == set(rewrite.sex_specific_terms(lang))
+        plain = lambda w: "".join(c for c in unicodedata.normalize("NFD", w) if not unicodedata.combining(c)).replace("ae", "e")
+        for term, fs in forms.items():        # every form of a one-word stem holds the stem (accents, ae/e aside)
+            if " " not in term and "/" not in term and "-" not in term:
+                stem = plain(term)[:max(4, len(term) - 2)]
+                assert all(stem in plain(f) for f in fs), (term, fs)
+
+
+# his/her/hers: the role needs the following token, in both directions
+EN_ROLE_CASES = [
+    ("F", "He landed on his back.", "She landed on her back."),
+    ("F", "He hurt his back lifting boxes.", "She hurt her back lifting boxes."),
+    ("M", "She hurt her back lifting boxes.", "He hurt his back lifting boxes."),
+    ("M", "Her back hurts.", "His back hurts."),
+    ("F", "He lay on his back all night.", "She lay on her back all night."),
+    ("M", "She rolled onto her back.", "He rolled onto his back."),
+    ("F", "Pain down his back.", "Pain down her back."),
+    ("M", "Found her on her back.", "Found him on his back."),
+    ("M", "Daughter brought her back to the ED.", "Daughter brought him back to the ED."),
+    ("M", "Called her back with results.", "Called him back with results."),
+    ("M", "She put her back out lifting.", "He put his back out lifting."),
+    ("M", "Gave her back the phone.", "Gave him back the phone."),
+    ("F", "He wants his back.", "She wants hers back."),
+    ("M", "Her last dose was at 8 am.", "His last dose was at 8 am."),
+    ("F", "His last dose was at 8 am.", "Her last dose was at 8 am."),
+    ("M", "PCP saw her last week.", "PCP saw him last week."),
+    ("M", "At her last visit she was stable.", "At his last visit he was stable."),
+    ("M", "Her only child lives nearby.", "His only child lives nearby."),
+    ("M", "Daughter sees her only once a week.", "Daughter sees him only once a week."),
+    ("F", "His very first seizure.", "Her very first seizure."),
+    ("M", "Her very first seizure.", "His very first seizure."),
+    ("F", "His every move hurts.", "Her every move hurts."),
+    ("M", "Husband sees her every day.", "Husband sees him every day."),
+    ("F", "His next dose is due at 6.", "Her next dose is due at 6."),
+    ("F", "The phone is his and the bag is his too.", "The phone is hers and the bag is hers too."),
+    ("F", "His is the blue bag.", "Hers is the blue bag."),
+    ("F", "His right knee is swollen, his is worse than before.", "Her right knee is swollen, hers is worse than before."),
+    ("M", "The blue bag is hers.", "The blue bag is his."),
+    ("M", "She hit her head on her way down.", "He hit his head on his way down."),
+]
+
+
+@pytest.mark.parametrize("target,text,expected", EN_ROLE_CASES)
+def test_his_her_role_from_the_following_token(target, text, expected):
+    assert g(text, target, "en") == expected
+    assert validate_rewrite(text, expected, "en") == (True, "ok")
+
+
+# French agreement across a verb or at a distance; attributes of other people stay
+FR_AGREEMENT_CASES = [
+    ("M", "Mme Dupont a été vue par le médecin.", "M. Dupont a été vu par le médecin."),
+    ("F", "Il a été vu par le médecin.", "Elle a été vue par le médecin."),
+    ("M", "Elle a été prise en charge par le SAMU.", "Il a été pris en charge par le SAMU."),
+    ("M", "Elle a été admise en réanimation.", "Il a été admis en réanimation."),
+    ("F", "Il est sorti hier.", "Elle est sortie hier."),
+    ("M", "Elle est allée chez son médecin.", "Il est allé chez son médecin."),
+    ("M", "Elle était déshydratée.", "Il était déshydraté."),
+    ("F", "Il était très déshydraté.", "Elle était très déshydratée."),
+    ("M", "Sa fille l'a vue hier.", "Sa fille l'a vu hier."),
+    ("M", "Madame X retrouvée au sol par son voisin.", "Monsieur X retrouvé au sol par son voisin."),
+    ("F", "Monsieur Durand retrouvé au sol par son voisin.", "Madame Durand retrouvée au sol par son voisin."),
+    ("M", "Hier, retrouvée au sol par son voisin, la patiente est confuse.",
+     "Hier, retrouvé au sol par son voisin, le patient est confus."),
+    ("F", "Ce matin, retrouvé au sol par sa voisine, il est confus.", "Ce matin, retrouvée au sol par sa voisine, elle est confuse."),
+    ("M", "Après avoir été retrouvée au sol, elle est amenée.", "Après avoir été retrouvé au sol, il est amené."),
+    ("F", "Après avoir été vu par son médecin, il est adressé.", "Après avoir été vue par son médecin, elle est adressée."),
+    ("M", "Elle a été réveillée par son mari, inquiet.", "Il a été réveillé par son mari, inquiet."),
+    ("M", "Elle a été vue par l'infirmier, qui est inquiet.", "Il a été vu par l'infirmier, qui est inquiet."),
+    ("F", "L'infirmier est fatigué, le patient est agité.", "L'infirmier est fatigué, la patiente est agitée."),
+    ("F", "Son voisin a été blessé, il est choqué.", "Son voisin a été blessé, elle est choquée."),
+    ("F", "Il a été retrouvé par son voisin, qui est resté avec lui.", "Elle a été retrouvée par son voisin, qui est resté avec elle."),
+    ("M", "Prise en charge antalgique. Sortie prévue demain.", "Prise en charge antalgique. Sortie prévue demain."),
+    ("F", "Prise de sang faite, il est rassuré.", "Prise de sang faite, elle est rassurée."),
+    ("M", "Elle est en bonne santé, pas de fièvre depuis une année.", "Il est en bonne santé, pas de fièvre depuis une année."),
+    ("F", "Il a été transféré puis opéré.", "Elle a été transférée puis opérée."),
+    ("F", "Il a été décidé d'hospitaliser.", "Il a été décidé d'hospitaliser."),
+    ("M", "Sa fille, qui l'a trouvée au sol, est inquiète.", "Sa fille, qui l'a trouvé au sol, est inquiète."),
+    ("F", "Il est atteint d'une BPCO. Atteinte pulmonaire bilatérale.", "Elle est atteinte d'une BPCO. Atteinte pulmonaire bilatérale."),
+    ("M", "Elle est mise sous O2. La mise en place d'une VVP.", "Il est mis sous O2. La mise en place d'une VVP."),
+]
+
+
+@pytest.mark.parametrize("target,text,expected", FR_AGREEMENT_CASES)
+def test_french_agreement_across_a_verb_or_at_a_distance(target, text, expected):
+    assert g(text, target, "fr") == expected
+    assert counterfactual_text(text, target, "fr") == (expected, "ok", "ok")
+
+
+def test_issue16_case_counts():
+    assert len(MUST_EXCLUDE) + len(MUST_NOT_EXCLUDE) >= 20 and len(MUST_NOT_EXCLUDE) >= 10 and len(MUST_EXCLUDE) >= 10
+    assert len(EN_ROLE_CASES) >= 20 and len(FR_AGREEMENT_CASES) >= 20

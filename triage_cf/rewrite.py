@@ -30,10 +30,11 @@ from .llm import Generation, ScriptedClient, bf16_pays, cache_dir, make_client
 # %% auto #0
 __all__ = ['LANGS', 'SEXES', 'METHODS', 'LLM_FIELDS', 'SEX_WORDS', 'FIELD_TAGS', 'LLM_PROMPTS', 'REVIEW_CATEGORIES',
            'REVIEW_SAMPLE_SIZES', 'REVIEW_INSTRUCTIONS', 'Lexicon', 'load_lexicon', 'Tok', 'tokenize',
-           'sex_specific_terms', 'sex_specific_match', 'is_sex_specific', 'SexSpecificContent', 'rewrite_rules', 'g',
-           'validate_rewrite', 'RewriteResult', 'counterfactual_text', 'Exemplar', 'load_exemplars', 'prompt_version',
-           'render_record', 'rewrite_messages', 'parse_rewrite', 'LLMRewriter', 'make_rewriter',
-           'default_rewrite_cache', 'swap_text', 'swap_tsv', 'export_review_sample', 'review_agreement']
+           'sex_specific_terms', 'sex_specific_forms', 'sex_specific_match', 'is_sex_specific', 'SexSpecificContent',
+           'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'counterfactual_text', 'Exemplar',
+           'load_exemplars', 'prompt_version', 'render_record', 'rewrite_messages', 'parse_rewrite', 'LLMRewriter',
+           'make_rewriter', 'default_rewrite_cache', 'swap_text', 'swap_tsv', 'export_review_sample',
+           'review_agreement']
 
 # %% ../nbs/05a_rewrite.ipynb #a7a1cd19
 LANGS = ("en", "fr")
@@ -178,18 +179,44 @@ def _apply_edits(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
 _SENT_END = frozenset(".;:!?")
 
 def _shouting(text: str) -> bool:
+    "Is the note written in capitals (then capitalised words are words, not abbreviations)?"
     letters = [c for c in text if c.isalpha()]
     return bool(letters) and sum(c.isupper() for c in letters) > 0.6 * len(letters)
 
 def _is_abbrev(t: Tok, shouting: bool) -> bool:
     return not shouting and len(t.text) > 1 and t.text.isupper()
 
+
+# %% ../nbs/05a_rewrite.ipynb #fbaf717e
+def _np_starter_role(toks: list[Tok], i: int, ctx: dict) -> str:
+    """'determiner' or 'object' for the his/her at i when the next word is in `np_starters` (back, last, only, every):
+    such a word begins the possessed noun phrase (*her last dose*, *on his back*) unless the words around it say it is
+    an adverb or particle after an object pronoun (*brought her back*, *saw her last week*, *sees her only once*)."""
+    n = len(toks)
+    w1 = toks[i + 1].low
+    t2 = toks[i + 2] if i + 2 < n else None
+    n2 = None if t2 is None or t2.kind == "p" or t2.nl else t2.low
+    prev = toks[i - 1].low if i > 0 and toks[i - 1].kind == "w" else None
+    if prev is None or prev in ctx["prepositions"]:
+        return "determiner"                                  # at her last visit, on his back, Her back hurts
+    if w1 in ctx["particle_np_starters"]:
+        return "object" if prev in ctx["particle_verbs"] and n2 not in ctx["back_noun_followers"] else "determiner"
+    if w1 in ctx["time_np_starters"]:
+        return "object" if n2 in ctx["time_words"] else "determiner"
+    if w1 in ctx["adverb_np_starters"]:
+        return "object" if n2 is None or n2 in ctx["object_followers"] or n2 in ctx["adverb_np_ends"] else "determiner"
+    return "determiner"
+
+
+# %% ../nbs/05a_rewrite.ipynb #94a4a348
 def _her_role(toks: list[Tok], i: int, ctx: dict) -> str:
-    "'object' or 'determiner' for the English 'her' at index i (see the rules above)."
+    "'object' (-> him) or 'determiner' (-> his) for the English 'her' at index i, from the tokens around it (see above)."
     nxt = toks[i + 1] if i + 1 < len(toks) else None
     prev = toks[i - 1].low if i > 0 and toks[i - 1].kind == "w" else None
     if nxt is None or nxt.kind == "p" or nxt.nl:
         return "object"
+    if nxt.kind == "w" and nxt.low in ctx["np_starters"]:
+        return _np_starter_role(toks, i, ctx)
     if nxt.kind == "w" and nxt.low in ctx["object_followers"]:
         return "object"
     if prev in ctx["ditransitive_verbs"]:
@@ -201,11 +228,52 @@ def _her_role(toks: list[Tok], i: int, ctx: dict) -> str:
             return "object"
     return "determiner"
 
+def _his_role(toks: list[Tok], i: int, ctx: dict) -> str:
+    "'possessive' (stand-alone: -> hers) or 'determiner' (before its noun: -> her) for the English 'his' at index i."
+    nxt = toks[i + 1] if i + 1 < len(toks) else None
+    if nxt is None or nxt.kind == "p" or nxt.nl:
+        return "possessive"                                  # the phone is his.
+    if nxt.kind == "w" and nxt.low in ctx["np_starters"]:
+        return "possessive" if _np_starter_role(toks, i, ctx) == "object" else "determiner"
+    if nxt.kind == "w" and nxt.low in ctx["object_followers"]:
+        return "possessive"                                  # his is worse, his and mine
+    return "determiner"
+
+
+# %% ../nbs/05a_rewrite.ipynb #ae527ba6
 def _after_saxon(toks: list[Tok], i: int) -> bool:
     "Token i follows a Saxon genitive (pt's mother): someone else's relative."
     return i >= 2 and toks[i - 1].low == "s" and toks[i - 2].text in "'\u2019"
 
+
+# %% ../nbs/05a_rewrite.ipynb #955c2b19
+def _sex_code_edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
+    "Edits of the age-sex shorthand (45M, 45 yo F, sex: F), never of a temperature (101F)."
+    ctx, edits, src = lex.ctx, [], _other(target)
+    n = len(toks)
+    for i, t in enumerate(toks):
+        if t.kind == "a" and t.text[-1] == src:             # 45M / 45F: an age, unless a temperature
+            before, j = set(), i - 1
+            while j >= max(0, i - 3) and (toks[j].kind != "p" or toks[j].text in ":="):
+                before.add(toks[j].low)
+                j -= 1
+            if int(t.text[:-1]) <= 120 and not (before & ctx["temperature_words"]):
+                edits.append((t.end - 1, t.end, target))
+        elif t.kind == "w" and t.text == src:                 # 45 yo F, 45 y/o M, sex: F
+            j, seen_marker = i - 1, False
+            while j >= 0 and (toks[j].low in ctx["age_markers"] or toks[j].text in "/.-"):
+                seen_marker = seen_marker or toks[j].low in ctx["age_markers"]
+                j -= 1
+            if seen_marker and j >= 0 and toks[j].kind == "n":
+                edits.append((t.start, t.end, target))
+            elif i >= 2 and toks[i - 1].text in ":=" and toks[i - 2].low in ctx["sex_code_labels"]:
+                edits.append((t.start, t.end, target))
+    return edits
+
+
+# %% ../nbs/05a_rewrite.ipynb #646257df
 def _edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
+    "The (start, end, replacement) edits of the English rules (above) that rewrite the patient to `target`."
     ctx, edits = lex.ctx, []
     shouting = _shouting(text)
     n = len(toks)
@@ -221,10 +289,8 @@ def _edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
             new = lex.swap(t.text, "pronoun", target)
         elif {"object", "determiner"} <= cats:                    # her -> him | his, by its role
             new = lex.swap(t.text, _her_role(toks, i, ctx), target)
-        elif {"determiner", "possessive"} <= cats:                # his -> her | hers (stand-alone)
-            nxt = toks[i + 1] if i + 1 < n else None
-            standalone = nxt is None or nxt.kind == "p" or (nxt.kind == "w" and nxt.low in ctx["object_followers"])
-            new = lex.swap(t.text, "possessive" if standalone else "determiner", target)
+        elif {"determiner", "possessive"} <= cats:                # his -> her | hers, by its role
+            new = lex.swap(t.text, _his_role(toks, i, ctx), target)
         elif "object" in cats:                                    # him -> her
             new = lex.swap(t.text, "object", target)
         elif "possessive" in cats:                                # hers -> his
@@ -253,30 +319,10 @@ def _edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
     edits += _sex_code_edits_en(text, toks, target, lex)
     return edits
 
-def _sex_code_edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
-    ctx, edits, src = lex.ctx, [], _other(target)
-    n = len(toks)
-    for i, t in enumerate(toks):
-        if t.kind == "a" and t.text[-1] == src:             # 45M / 45F: an age, unless a temperature
-            before, j = set(), i - 1
-            while j >= max(0, i - 3) and (toks[j].kind != "p" or toks[j].text in ":="):
-                before.add(toks[j].low)
-                j -= 1
-            if int(t.text[:-1]) <= 120 and not (before & ctx["temperature_words"]):
-                edits.append((t.end - 1, t.end, target))
-        elif t.kind == "w" and t.text == src:                 # 45 yo F, 45 y/o M, sex: F
-            j, seen_marker = i - 1, False
-            while j >= 0 and (toks[j].low in ctx["age_markers"] or toks[j].text in "/.-"):
-                seen_marker = seen_marker or toks[j].low in ctx["age_markers"]
-                j -= 1
-            if seen_marker and j >= 0 and toks[j].kind == "n":
-                edits.append((t.start, t.end, target))
-            elif i >= 2 and toks[i - 1].text in ":=" and toks[i - 2].low in ctx["sex_code_labels"]:
-                edits.append((t.start, t.end, target))
-    return edits
 
 # %% ../nbs/05a_rewrite.ipynb #75aacf13
 _VOWELS = frozenset("aeiouyàâäéèêëîïôöûùü")
+
 _H_MUET = frozenset({"homme", "hommes", "hôpital", "habitude"})
 
 def _starts_vowel(word: str) -> bool:
@@ -306,6 +352,36 @@ class _FrState:
             return not (t.text == "." and self.title_dot[j])
         return j + 1 < self.n and self.toks[j + 1].nl
 
+# %% ../nbs/05a_rewrite.ipynb #6ce3b64a
+def _impersonal_il(st: _FrState, i: int) -> bool:
+    ctx, low = st.ctx, st.low
+    nx, nx2, nx3 = low(i + 1), low(i + 2), low(i + 3)
+    if nx in ctx["impersonal_next"]:
+        return True
+    if nx in ctx["impersonal_if_article"] and (nx2 in ctx["impersonal_articles"] or nx2 in ("de", "d'", "encore")):
+        return True
+    if nx in ("ne", "n'") and nx2 == "y":
+        return True
+    if nx == "s'" and nx2 in ("agit", "agissait", "agira"):
+        return True
+    if nx in ctx["impersonal_que_verbs"] and nx2 in ("que", "qu'"):
+        return True
+    if nx in ctx["etre_forms"] and nx2 in ctx["impersonal_adjectives"] and (nx2 == "à" or nx3 in ("de", "d'", "que", "qu'")):
+        return True
+    # il est|était|a été <participle> <article> ...  (il est retrouvé une plaie, il est noté des ecchymoses)
+    k = i + 1
+    if low(k) in ("a", "avait") and low(k + 1) == "été":
+        k += 1
+    if k > i + 1 and low(k + 1) in ctx["impersonal_adjectives"] and low(k + 2) in ("de", "d'", "que", "qu'"):
+        return True                                     # il a été décidé de / d'...
+    if low(k) in ctx["etre_forms"]:
+        part, art = low(k + 1), low(k + 2)
+        if part and re.search(r"(é|i|u|is|it|t)$", part) and art in ctx["impersonal_articles"]:
+            if not (part in ctx["impersonal_de_exceptions"] and art == "des"):
+                return True
+    return False
+
+# %% ../nbs/05a_rewrite.ipynb #0811ac0e
 def _fr_pronouns(st: _FrState) -> list:
     "Classify/rewrite il, elle, lui, le/la clitics; mark anchors. Returns edits."
     toks, ctx, lex, target, src = st.toks, st.ctx, st.lex, st.target, st.src
@@ -363,32 +439,54 @@ def _fr_pronouns(st: _FrState) -> list:
                 edits.append((t.start, t.end, _match_case(t.text, lex.swap(w, "clitic", target))))
     return edits
 
-def _impersonal_il(st: _FrState, i: int) -> bool:
-    ctx, low = st.ctx, st.low
-    nx, nx2, nx3 = low(i + 1), low(i + 2), low(i + 3)
-    if nx in ctx["impersonal_next"]:
-        return True
-    if nx in ctx["impersonal_if_article"] and (nx2 in ctx["impersonal_articles"] or nx2 in ("de", "d'", "encore")):
-        return True
-    if nx in ("ne", "n'") and nx2 == "y":
-        return True
-    if nx == "s'" and nx2 in ("agit", "agissait", "agira"):
-        return True
-    if nx in ctx["impersonal_que_verbs"] and nx2 in ("que", "qu'"):
-        return True
-    if nx in ctx["etre_forms"] and nx2 in ctx["impersonal_adjectives"] and (nx2 == "à" or nx3 in ("de", "d'", "que", "qu'")):
-        return True
-    # il est|était|a été <participle> <article> ...  (il est retrouvé une plaie, il est noté des ecchymoses)
-    k = i + 1
-    if low(k) in ("a", "avait") and low(k + 1) == "été":
-        k += 1
-    if low(k) in ctx["etre_forms"]:
-        part, art = low(k + 1), low(k + 2)
-        if part and re.search(r"(é|i|u|is|it|t)$", part) and art in ctx["impersonal_articles"]:
-            if not (part in ctx["impersonal_de_exceptions"] and art == "des"):
-                return True
-    return False
+# %% ../nbs/05a_rewrite.ipynb #6d6323a2
+_DET_TO_F = {"le": "la", "un": "une", "ce": "cette", "cet": "cette", "l'": "la", "du": "de la", "au": "à la"}
 
+_DET_TO_M = {"la": "le", "une": "un", "cette": "ce", "l'": "le"}
+
+def _determiner_edits(st: _FrState, i: int, new_noun: str) -> list:
+    "Make the determiner before the rewritten noun at i agree (skipping 'jeune')."
+    toks, low = st.toks, st.low
+    j = i - 1
+    while low(j) in ("jeune",):
+        j -= 1
+    d = low(j)
+    if d is None:
+        return []
+    nxt_word = toks[j + 1].text if j + 1 < i else new_noun
+    vowel = _starts_vowel(nxt_word)
+    det_tok = toks[j]
+    start = det_tok.start
+    if st.target == "F":
+        if d not in _DET_TO_F:
+            return []
+        new = _DET_TO_F[d]
+        if vowel:
+            new = {"la": "l'", "de la": "de l'", "à la": "à l'", "cette": "cette"}.get(new, new)
+    else:
+        if d == "la" and low(j - 1) in ("de", "à") and toks[j - 1].kind == "w":
+            new = "l'" if vowel else ("du" if low(j - 1) == "de" else "au")
+            if vowel:
+                pass                      # de la femme -> de l'homme: only 'la' changes
+            else:
+                start = toks[j - 1].start
+        elif d in _DET_TO_M:
+            new = _DET_TO_M[d]
+            if vowel:
+                new = {"le": "l'", "ce": "cet"}.get(new, new)
+        else:
+            return []
+    if new == d:
+        return []
+    new = _match_case(toks[j - 1].text if start != det_tok.start else det_tok.text, new)
+    # replace up to the next token so that elision adds/removes the space
+    gap_end = toks[j + 1].start
+    gap = st.text[det_tok.end:gap_end]
+    if new.endswith("'"):
+        return [(start, gap_end, new)]
+    return [(start, gap_end, new + (gap if gap else " "))]
+
+# %% ../nbs/05a_rewrite.ipynb #58bf40ce
 def _fr_nouns(st: _FrState) -> list:
     "Patient nouns, titles, kin words (+ their determiners); mark anchors/other persons. Returns edits."
     toks, ctx, lex, target, src = st.toks, st.ctx, st.lex, st.target, st.src
@@ -442,55 +540,17 @@ def _fr_nouns(st: _FrState) -> list:
             new = lex.swap(w, "noun", target)
             edits.append((t.start, t.end, _match_case(t.text, new)))
             edits += _determiner_edits(st, i, new)
+            if w in ctx["name_nouns"]:      # Madame Dupont retrouvée au sol: the name is the patient too
+                name = i + 1
+                while name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and not toks[name].nl \
+                        and toks[name].low not in ctx["other_person_nouns"]:
+                    st.anchor[name] = True
+                    name += 1
         else:
             st.other[i] = True          # a person noun of the target sex: someone else
     return edits
 
-_DET_TO_F = {"le": "la", "un": "une", "ce": "cette", "cet": "cette", "l'": "la", "du": "de la", "au": "à la"}
-_DET_TO_M = {"la": "le", "une": "un", "cette": "ce", "l'": "le"}
-
-def _determiner_edits(st: _FrState, i: int, new_noun: str) -> list:
-    "Make the determiner before the rewritten noun at i agree (skipping 'jeune')."
-    toks, low = st.toks, st.low
-    j = i - 1
-    while low(j) in ("jeune",):
-        j -= 1
-    d = low(j)
-    if d is None:
-        return []
-    nxt_word = toks[j + 1].text if j + 1 < i else new_noun
-    vowel = _starts_vowel(nxt_word)
-    det_tok = toks[j]
-    start = det_tok.start
-    if st.target == "F":
-        if d not in _DET_TO_F:
-            return []
-        new = _DET_TO_F[d]
-        if vowel:
-            new = {"la": "l'", "de la": "de l'", "à la": "à l'", "cette": "cette"}.get(new, new)
-    else:
-        if d == "la" and low(j - 1) in ("de", "à") and toks[j - 1].kind == "w":
-            new = "l'" if vowel else ("du" if low(j - 1) == "de" else "au")
-            if vowel:
-                pass                      # de la femme -> de l'homme: only 'la' changes
-            else:
-                start = toks[j - 1].start
-        elif d in _DET_TO_M:
-            new = _DET_TO_M[d]
-            if vowel:
-                new = {"le": "l'", "ce": "cet"}.get(new, new)
-        else:
-            return []
-    if new == d:
-        return []
-    new = _match_case(toks[j - 1].text if start != det_tok.start else det_tok.text, new)
-    # replace up to the next token so that elision adds/removes the space
-    gap_end = toks[j + 1].start
-    gap = st.text[det_tok.end:gap_end]
-    if new.endswith("'"):
-        return [(start, gap_end, new)]
-    return [(start, gap_end, new + (gap if gap else " "))]
-
+# %% ../nbs/05a_rewrite.ipynb #dc2d29a5
 def _fr_attach(st: _FrState, i: int, cls: str, memo: dict, depth: int = 0) -> bool:
     "Is the adjective/participle at i attached to the patient? (see the rules above)"
     if i in memo:
@@ -500,8 +560,9 @@ def _fr_attach(st: _FrState, i: int, cls: str, memo: dict, depth: int = 0) -> bo
     memo[i] = res
     return res
 
-_ADJ_CLASSES = ("pp", "pp_thing", "adj", "prenominal")
-_PARTICIPLES = ("pp", "pp_thing")
+_ADJ_CLASSES = ("pp", "pp_thing", "pp_verb", "adj", "prenominal")
+
+_PARTICIPLES = ("pp", "pp_thing", "pp_verb")
 
 def _is_person_adj(st: _FrState, j: int) -> str | None:
     "'pp'/'adj'/'inv' when token j is a person adjective of the lexicon (any gender) or an invariable one."
@@ -525,6 +586,7 @@ def _skip_age(st: _FrState, j: int) -> int:
             j -= 1
     return j
 
+# %% ../nbs/05a_rewrite.ipynb #ac07a1b7
 def _fr_attach_(st: _FrState, i: int, cls: str, memo: dict, depth: int) -> bool:
     ctx, low, toks = st.ctx, st.low, st.toks
     j = i - 1
@@ -547,8 +609,8 @@ def _fr_attach_(st: _FrState, i: int, cls: str, memo: dict, depth: int) -> bool:
         if _skip_age(st, j) != j:
             j = _skip_age(st, j)
             continue
-        if tj.kind == "p" and tj.text in ",()" or L in ("et", "ou", "mais"):
-            return _fr_list_attach(st, j, cls, memo, depth)
+        if tj.kind == "p" and tj.text in ",()" or L in ("et", "ou", "mais", "puis"):
+            return _fr_list_attach(st, j, cls, memo, depth, i)
         if L in ctx["etre_forms"] or L in ctx["avoir_forms"] or L in ctx["attributive_verbs"]:
             return _fr_subject_attach(st, j, cls, memo, depth)
         if L in ctx["determiners"] or L in ctx["possessives"]:
@@ -563,14 +625,15 @@ def _fr_attach_(st: _FrState, i: int, cls: str, memo: dict, depth: int) -> bool:
             return True                                     # il <verb> seul: an (unlisted) verb after the patient
         return False                                        # right after another noun (HTA connue)
 
-def _fr_list_attach(st: _FrState, j: int, cls: str, memo: dict, depth: int) -> bool:
-    "Adjective after ',', '(' or 'et': follow the list back to what it describes."
+# %% ../nbs/05a_rewrite.ipynb #d002b1cd
+def _fr_list_attach(st: _FrState, j: int, cls: str, memo: dict, depth: int, i: int | None = None) -> bool:
+    "Adjective (at i) after ',', '(' or 'et' (at j): follow the list back to what it describes."
     ctx, low, toks = st.ctx, st.low, st.toks
     k = j - 1
     while k >= 0 and (low(k) in ctx["adverbs"]):
         k -= 1
     if k < 0 or st.boundary(k):
-        return cls != "pp_thing"
+        return cls != "pp_thing" or _fr_forward_subject(st, j) is True
     tk = toks[k]
     if st.anchor[k]:
         return True
@@ -578,26 +641,50 @@ def _fr_list_attach(st: _FrState, j: int, cls: str, memo: dict, depth: int) -> b
         return False
     if tk.kind == "n" or tk.kind == "p" and tk.text in ",()" or low(k) in ("ans", "an", "mois", "et"):
         # part of the patient's description (45 ans, ...): look further back in the sentence
-        return _fr_scan_back(st, k, cls)
+        return _fr_scan_back(st, k, cls, j)
     kind = _is_person_adj(st, k)
     if kind is not None:
         return _fr_attach(st, k, kind, memo, depth + 1)
     if low(k - 1) in ctx["possessives"]:
         return False                                        # 'sa fillle, inquiète': someone of the patient's
     if cls == "pp_thing":
+        first = k
+        while first > 0 and not st.boundary(first - 1) and k - first < 4:
+            first -= 1
+        if (first == 0 or st.boundary(first - 1)) and low(first) in ctx["detached_openers"]:
+            return _fr_forward_subject(st, j) is True       # 'Hier, retrouvée au sol ..., la patiente ...'
         return False                                        # 'lymphome, traité par ...'
-    return _fr_scan_back(st, k, cls)
+    return _fr_scan_back(st, k, cls, j)
 
-def _fr_scan_back(st: _FrState, k: int, cls: str) -> bool:
-    "Nearest patient word / other person before k in the same sentence decides."
+# %% ../nbs/05a_rewrite.ipynb #2dcde8ee
+def _fr_scan_back(st: _FrState, k: int, cls: str, j: int | None = None) -> bool:
+    """Nearest patient word / other person before k in the same sentence decides; with none, a participle that also
+    describes things needs the subject after its detached phrase (from j) to be the patient."""
     while k >= 0 and not st.boundary(k):
         if st.anchor[k]:
             return True
         if st.other[k]:
             return False
         k -= 1
-    return cls != "pp_thing"
+    return cls != "pp_thing" or (j is not None and _fr_forward_subject(st, j) is True)
 
+def _fr_forward_subject(st: _FrState, j: int) -> bool | None:
+    """A detached phrase (*retrouvée au sol par son voisin, elle ...*) describes the subject that follows it: from j,
+    skip to the next ',' of the sentence; True when the word after it (past a determiner/possessive) is the patient, False when it
+    is someone else, None when there is no such clause."""
+    k = j + 1
+    while k < st.n and not st.boundary(k) and not (st.toks[k].kind == "p" and st.toks[k].text == ","):
+        k += 1
+    if k >= st.n or st.boundary(k):
+        return None
+    k += 1
+    while k < st.n and (st.low(k) in ("le", "la", "l'", "ce", "cet", "cette") or st.low(k) in st.ctx["possessives"]):
+        k += 1
+    if k >= st.n:
+        return None
+    return True if st.anchor[k] else (False if st.other[k] else None)
+
+# %% ../nbs/05a_rewrite.ipynb #e4bb4ebb
 def _fr_subject_attach(st: _FrState, j: int, cls: str, memo: dict, depth: int) -> bool:
     "Adjective/participle after a verb at j: agree with the subject (être) or the object clitic (avoir)."
     ctx, low, toks = st.ctx, st.low, st.toks
@@ -633,9 +720,34 @@ def _fr_subject_attach(st: _FrState, j: int, cls: str, memo: dict, depth: int) -
     kind = _is_person_adj(st, k)
     if kind is not None:
         return _fr_attach(st, k, kind, memo, depth + 1)
+    if w in ctx["infinitive_openers"] and low(j) in ("être", "été") or w in ("de", "d'") and low(k - 1) == "avant":
+        return _fr_forward_subject(st, j) is True           # après avoir été retrouvée au sol, elle ...
     return False                                            # a noun subject (la douleur est apparue)
 
+# %% ../nbs/05a_rewrite.ipynb #6b8c7ab4
+def _fr_verb_attach(st: _FrState, i: int, memo: dict) -> bool:
+    """A participle that is also a noun (*prise, sortie, vue*) or an unlisted regular one agrees with the patient only
+    after *être / a été* whose subject is the patient, or after the clitic *l'a* (never in a list: *prise de sang*)."""
+    j = i - 1
+    while st.low(j) in st.ctx["adverbs"]:
+        j -= 1
+    if st.low(j) in st.ctx["etre_forms"] or st.low(j) in st.ctx["avoir_forms"]:
+        return _fr_subject_attach(st, j, "pp", memo, 0)
+    return False
+
+def _regular_participle(w: str, src: str, lex: Lexicon) -> str | None:
+    "The other-gender form of a word of the source sex that looks like a regular participle (-é / -ée) and is not in the lexicon."
+    if not w.endswith(("é", "ée")) or "-" in w or lex.gender_of(w) or w in lex.ctx["not_participles"]:
+        return None
+    if src == "F" and len(w) >= 5 and w.endswith("ée"):
+        return w[:-1]
+    if src == "M" and len(w) >= 4 and w.endswith("é"):
+        return w + "e"
+    return None
+
+# %% ../nbs/05a_rewrite.ipynb #470751bd
 def _fr_adjectives(st: _FrState) -> list:
+    "Agreement edits of the lexicon's adjectives/participles attached to the patient, and of unlisted regular participles after être."
     toks, lex, target = st.toks, st.lex, st.target
     edits, memo = [], {}
     for i, t in enumerate(toks):
@@ -648,12 +760,17 @@ def _fr_adjectives(st: _FrState) -> list:
         cats = lex.categories(w, target)
         cls = next((c for c in _ADJ_CLASSES if c in cats), None)
         if cls is None:
+            new = None if prefix else _regular_participle(w, st.src, lex)
+            if new is not None and _fr_verb_attach(st, i, memo):
+                edits.append((t.start, t.end, _match_case(t.text, new)))
             continue
         if cls == "prenominal":
             nx = st.low(i + 1)
             if nx not in st.ctx["prenominal_roles"]:
                 continue
             attached = _fr_attach(st, i, "adj", memo)
+        elif cls == "pp_verb":
+            attached = _fr_verb_attach(st, i, memo)
         else:
             attached = _fr_attach(st, i, cls, memo)
         if attached:
@@ -661,6 +778,7 @@ def _fr_adjectives(st: _FrState) -> list:
             edits.append((t.start, t.end, prefix + _match_case(t.text[len(prefix):], new)))
     return edits
 
+# %% ../nbs/05a_rewrite.ipynb #9bde8526
 def _sex_code_edits_fr(st: _FrState) -> list:
     toks, edits = st.toks, []
     code_src = "H" if st.src == "M" else "F"
@@ -694,14 +812,56 @@ def sex_specific_terms(lang: str) -> tuple[str, ...]:
         raise ValueError(f"{path} lists no terms")
     return terms
 
+
+# %% ../nbs/05a_rewrite.ipynb #db314701
+@lru_cache(maxsize=None)
+def sex_specific_forms(lang: str) -> tuple[dict, tuple]:
+    """({Appendix A term: (its word forms)}, (phrases that are not sex-specific)) of `lang`, read from
+    `triage_cf/resources/sex_specific_forms_<lang>.yaml`; every term of `sex_specific_terms(lang)` must have forms."""
+    path = _resource_path(f"sex_specific_forms_{lang}.yaml")
+    with open(path, encoding="utf-8") as f:
+        raw = yaml.safe_load(f) or {}
+    forms = {_norm(str(k)): tuple(_norm(str(w)) for w in (v or ())) for k, v in (raw.get("forms") or {}).items()}
+    missing = [t for t in sex_specific_terms(lang) if not forms.get(t)]
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} Appendix A term(s) of exclusion_terms_{lang}.txt without word forms: {missing}")
+    unknown = sorted(set(forms) - set(sex_specific_terms(lang)))
+    if unknown:
+        raise ValueError(f"{path}: {len(unknown)} term(s) not in exclusion_terms_{lang}.txt: {unknown}")
+    return forms, tuple(_norm(str(p)) for p in raw.get("not_sex_specific") or ())
+
+def _form_pattern(forms) -> re.Pattern:
+    "One regex matching any of `forms` as a whole word (no letter or digit either side); inner spaces match any white space."
+    alts = sorted(set(forms), key=len, reverse=True)
+    body = "|".join(r"\s+".join(map(re.escape, f.split())) for f in alts)
+    return re.compile(rf"(?<![^\W_])(?:{body})(?![^\W_])")
+
+@lru_cache(maxsize=None)
+def _sex_specific_regex(lang: str) -> tuple[re.Pattern, dict, re.Pattern | None]:
+    "(pattern of every form, form -> its Appendix A term (first in file order), pattern of the not-sex-specific phrases)."
+    forms, not_specific = sex_specific_forms(lang)
+    term_of = {}
+    for term in sex_specific_terms(lang):
+        for f in forms[term]:
+            term_of.setdefault(" ".join(f.split()), term)
+    return _form_pattern(term_of), term_of, (_form_pattern(not_specific) if not_specific else None)
+
+
+# %% ../nbs/05a_rewrite.ipynb #3bc4ff6d
 def sex_specific_match(text: str, lang: str) -> str | None:
-    "The first Appendix A term found in `text` (case-insensitive substring), or None."
-    low = unicodedata.normalize("NFC", text).lower()
-    return next((t for t in sex_specific_terms(lang) if t in low), None)
+    """The Appendix A term whose word form appears first in `text` (whole words, case-insensitive, NFC), or None.
+    Phrases of the `not_sex_specific` list (règles hygiéno-diététiques) are removed first."""
+    pattern, term_of, not_specific = _sex_specific_regex(lang)
+    low = _norm(text)
+    if not_specific is not None:
+        low = not_specific.sub(lambda m: " " * len(m.group()), low)
+    m = pattern.search(low)
+    return None if m is None else term_of[" ".join(m.group().split())]
 
 def is_sex_specific(text: str, lang: str) -> bool:
     "Does `text` hold inherently sex-specific content (Appendix A terms)? Such records are excluded, never rewritten."
     return sex_specific_match(text, lang) is not None
+
 
 # %% ../nbs/05a_rewrite.ipynb #563dbf1c
 METHODS = ("rules", "llm")
@@ -759,6 +919,8 @@ def _validation_tokens(text: str, lang: str, lexwords: frozenset) -> list[str]:
                 continue
             if "-" in p:                                    # a-t-il, ex-fumeur: drop the lexicon parts
                 p = "-".join(x for x in p.split("-") if _norm(x) not in lexwords)
+            if lang == "fr" and len(p) >= 5 and _norm(p).endswith("ée"):
+                p = p[:-1]                                  # regular participle agreement: déshydratée ~ déshydraté
             out.append(p)
     return out
 
