@@ -35,7 +35,8 @@ __all__ = ['HFBackend', 'SYSTEM_PROMPTS', 'TAB_FIELDS', 'TEXT_FIELDS', 'VIEWS', 
            'ANSWER_CUE', 'LORA_TARGETS', 'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value',
            'render_patient', 'chat_prompt', 'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora',
            'stratified_subsample', 'TrainResult', 'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator',
-           'predict_proba', 'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
+           'export_merged', 'emulator_client', 'predict_proba', 'proba_frame', 'predict_views', 'reference_predict',
+           'parse_level']
 
 # %% ../nbs/04_emulator.ipynb #067cb16e
 SYSTEM_PROMPTS = {
@@ -503,6 +504,33 @@ def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_
     if label_token_ids(tok, meta["levels"]) != meta["label_token_ids"]:
         raise ValueError(f"{path}: the tokenizer's label tokens differ from the recorded ones")
     return model.eval(), tok, meta
+
+# %% ../nbs/04_emulator.ipynb #46015bb6
+def export_merged(emulator_dir: str | Path, dest: str | Path, **load_kw) -> Path:
+    "The emulator with its LoRA adapter merged into the base, as a plain model folder (what vLLM and servers load)."
+    dest = Path(dest)
+    if (dest / "emulator.json").exists() and json.loads((dest / "emulator.json").read_text()) == \
+            json.loads((Path(emulator_dir) / "emulator.json").read_text()):
+        return dest
+    model, tok, meta = load_emulator(emulator_dir, **load_kw)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    write_json(tmp / "emulator.json", meta)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+def emulator_client(emulator_dir: str | Path, levels: Sequence[int], backend: str = "vllm", merged_dir: str | Path | None = None,
+                    served_model: str | None = None, **client_kw):
+    """An LLM-layer client that gives the saved emulator's label distributions on `backend`: `vllm` (the merged model in
+    process; `tensor_parallel_size=`, `data_parallel_size=` through `client_kw`) or `openai` (a server, e.g.
+    `vllm serve MERGED_DIR --tensor-parallel-size 4`, given by `base_url=` and `served_model=`, default the folder)."""
+    merged = Path(merged_dir) if merged_dir else Path(emulator_dir).with_name(Path(emulator_dir).name + "_merged")
+    if backend == "openai":
+        return make_client("openai", model=served_model or str(merged), levels=levels, **client_kw)
+    return make_client(backend, model=export_merged(emulator_dir, merged), levels=levels, **client_kw)
 
 # %% ../nbs/04_emulator.ipynb #9f9e4c9d
 def predict_proba(backend, prompts: Sequence[str], ids: Sequence[str] | None = None, out_dir: str | Path | None = None,
