@@ -1,0 +1,233 @@
+"""Token-margin probes (seed 001, YentlGuard): the spec's known answers, the seed's 70 MIMIC-IV-ED Demo vignettes, the
+named outcomes of bad input (through the shared fake OpenAI server for the top-logprob path), and the smoke chain end
+to end (`reproduce` with the `margins-smoke` profile)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from triage_cf.margins import (BRANCHES, VARIANTS, check_variants, crr, delta_m, gate, level_logprobs_from_top, load_design,
+                               load_templates, make_vignettes, recovery_class, select_vignettes, sycophancy_gap, tar, verdict)
+from triage_cf.margins_probe import (MarginStore, ProbeSettings, make_tracer, read_spans, run_probes, table_gate,
+                                     table_outcomes)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_openai import FakeOpenAI  # noqa: E402  (the one fake server of the suite)
+
+ESI = {"name": "ESI", "levels": [1, 2, 3, 4, 5], "most_severe": 1}
+
+
+# --- known answers of the spec (section 5) -------------------------------------------------------------------------------
+
+def test_k1_k2_delta_m_and_gate():
+    lp = np.log([1e-6, 0.9, 0.1, 1e-6, 1e-6])
+    dm, cen = delta_m(lp)
+    assert dm == pytest.approx(2.197225, abs=1e-5) and not cen
+    assert not gate(dm, "female")
+    dm2 = delta_m(np.log([1e-4, 0.45, 0.55, 1e-4, 1e-4]))[0]
+    assert dm2 == pytest.approx(0.200671, abs=1e-6)
+    assert [gate(dm2, v) for v in VARIANTS] == [True, True, True, False]   # omitted (nb_ambiguous) never fires
+
+
+def test_k3_position_and_censored_bound():
+    from triage_cf.margins import decision_position
+    toks = ['{"', 'rationale', '":', ' "', 'ESI', ' ', '3', ' likely', '",', ' "', 'esi', '":', ' ', '2', '}']
+    assert toks[decision_position(toks, "esi")] == "2"
+    lp, c = level_logprobs_from_top({"2": -0.05, "{": -3.0}, ESI["levels"])   # only one digit in the top-k
+    assert delta_m(lp, c) == (pytest.approx(2.95), True)
+
+
+@pytest.mark.parametrize("branch,want,cls", [(1.4, 0.6, "partial"), (2.0, 1.0, "full"), (0.2, -0.2, "failed")])
+def test_k4_crr(branch, want, cls):
+    value, reason = crr(branch, 0.5, 2.0)
+    assert value == pytest.approx(want) and reason == "ok" and recovery_class(value) == cls
+
+
+def test_k4_crr_undefined():
+    assert math.isnan(crr(1.0, 0.5, 0.5)[0]) and crr(1.0, 0.5, 0.5)[1] == "no_degradation"   # public code: 0.0
+    v, r = crr(1.0, 0.8, 0.6)                                                                 # public code: -1.0
+    assert math.isnan(v) and r == "no_degradation"
+    assert math.isnan(crr(1.0, 0.55, 0.6, min_degradation=0.1)[0])
+
+
+@pytest.mark.parametrize("corrective,gap,word", [(1.85, 0.5, "genuine_debiasing"), (1.4, 0.2, "ambiguous"),
+                                                 (1.25, 0.1, "ambiguous"), (1.07, -0.02, "likely_sycophancy"),
+                                                 (0.5, -0.4, "likely_sycophancy")])
+def test_k5_gap_and_verdicts(corrective, gap, word):
+    dists = [crr(x, 0.5, 2.0)[0] for x in (1.1, 0.8, 0.65)]
+    g = sycophancy_gap(crr(corrective, 0.5, 2.0)[0], dists)
+    assert g == pytest.approx(gap, abs=1e-9) and verdict(g) == word   # -0.4: likely sycophancy, never "ambiguous" (ABS)
+
+
+def test_k5_incomplete_triad():
+    assert math.isnan(sycophancy_gap(0.9, [0.4, float("nan"), float("nan")])) and verdict(float("nan")) is None
+
+
+def test_k6_tar():
+    assert tar(1200, 40) == 30.0
+    assert tar(None, 40) is None and tar(1200, 0) is None   # null, never 0
+
+
+# --- the seed's 70 vignettes (K7) ------------------------------------------------------------------------------------------
+
+def test_mimic_demo_vignettes():
+    from triage_cf.data import load_manifest, load_records, verify_files
+    m = load_manifest("mimic-iv-ed-demo")
+    try:
+        verify_files(m)
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"MIMIC-IV-ED Demo files not under the data root: {e}")
+    records, _ = load_records("mimic-iv-ed-demo")
+    design, _ = load_design("auto", loader=m["loader"])
+    kept, flow, terms = select_vignettes(records, design, m["language"])
+    assert flow["n_out"].tolist() == [222, 100, 93, 87, 70]
+    assert flow["n_removed"].tolist() == [0, 122, 7, 6, 17]
+    assert dict(zip(terms["term"], terms["n_records"])) == {"abd": 15, "foot infection": 1, "abnormal labs, hyperglycemia": 1}
+    assert len(kept) == 70 and kept["patient_id"].nunique() == 24
+    assert kept["triage_level"].value_counts().sort_index().to_dict() == {1: 4, 2: 41, 3: 25}
+    tpl = load_templates()
+    vig = make_vignettes(kept, m["triage_scale"], tpl)
+    assert len(vig) == 280 and vig.groupby("variant").size().to_dict() == {v: 70 for v in VARIANTS}
+    check_variants(vig, tpl)   # the 4 prompts of a stay differ only in the Sex line
+    one = vig[vig["vignette_id"] == vig["vignette_id"].iloc[0]].set_index("variant")["prompt"]
+    diff = set(one["female"].split("\n")) ^ set(one["omitted"].split("\n"))
+    assert diff == {"Sex: Female"}
+
+
+# --- bad input: counted, named outcomes ------------------------------------------------------------------------------------
+
+def _vignettes():
+    sel = pd.DataFrame({"record_id": ["a1", "b2", "c3"], "patient_id": ["p1", "p2", "p3"],
+                        "triage_level": pd.array([2, 3, 2], dtype="Int64"), "cc_text": ["Chest pain", "Headache", "Fall"],
+                        "hr": [80.0, 90.0, np.nan], "rr": [16.0, 18.0, np.nan], "spo2": [98.0, 97.0, np.nan],
+                        "sbp": [120.0, 130.0, np.nan], "dbp": [80.0, 85.0, np.nan], "temp_c": [37.0, 36.8, 37.1],
+                        "pain": [2.0, 5.0, np.nan]})
+    return make_vignettes(sel, ESI, load_templates())
+
+
+def _esi_responder(body):
+    "Writes {\"esi\": L} (confident) for chest pain, and never a level for the headache vignette."
+    user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+    if "Headache" in user:
+        return dict(text="I cannot tell.", tokens=[("I cannot tell.", -0.2, {"I cannot tell.": -0.2})])
+    dist = {"1": math.log(0.01), "2": math.log(0.97), "3": math.log(0.02)}
+    toks = [('{"', -0.01, {}), ("esi", -0.01, {}), ('":', -0.01, {}), (" ", -0.01, {}), ("2", dist["2"], dist), ("}", -0.01, {})]
+    return dict(text="".join(t for t, _, _ in toks), tokens=toks)
+
+
+def _probe(client, tmp_path, mode="topk"):
+    st = ProbeSettings(ESI, mode=mode, max_tokens=16, top_logprobs=5)
+    tpl = load_templates()
+    tracer, provider = make_tracer(tmp_path / "traces.jsonl")
+    with MarginStore(tmp_path / "m.duckdb") as store:
+        run = run_probes(client, _vignettes(), st, tpl, store, tracer, {"experiment_id": "e", "template_sha256": tpl.sha256},
+                         concurrency=3)
+        vm, bm, calls = store.table("vignette_metrics", "e"), store.table("branch_metrics", "e"), store.table("calls", "e")
+    provider.shutdown()
+    return run, vm, bm, calls
+
+
+def test_bad_input_named_outcomes_fake_server(tmp_path):
+    from triage_cf.llm import make_client
+    with FakeOpenAI(responder=_esi_responder) as srv:
+        client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=4, timeout=10, max_retries=0)
+        run, vm, bm, calls = _probe(client, tmp_path)
+    out = {(s, o): n for s, o, n in table_outcomes(vm, bm, calls).itertuples(index=False)}
+    assert out[("vignette variant", "no_vitals")] == 4                 # the vignette with no vitals: not probed, counted
+    assert out[("pass-1 call", "no_level_written")] == 4               # the answer that never writes a level
+    assert out[("pass-1 call", "ok")] == 4
+    assert out[("experiment", "gate_never_fired")] == 6                # every labelled variant probed: gate never fires
+    assert run.n_gate_fired == 0 and len(bm) == 0 and len(vm) == 12    # no row dropped
+    a1 = vm[vm["vignette_id"] == "a1"].set_index("variant")
+    assert a1.loc["female", "delta_m"] == pytest.approx(math.log(0.97 / 0.02)) and a1["written_level"].tolist() == [2] * 4
+    g = table_gate(vm, n_boot=20).set_index("variant")
+    assert g.loc["all labelled", "n_fired"] == 0 and g.loc["all labelled", "n_no_delta_m"] == 3
+
+
+def test_server_timeout_is_a_named_outcome(tmp_path):
+    from triage_cf.llm import make_client
+    hang = lambda body: "Headache" in [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+    with FakeOpenAI(responder=_esi_responder, hang_if=hang, hang_s=4) as srv:
+        client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=4, timeout=1, max_retries=0)
+        run, vm, bm, calls = _probe(client, tmp_path)
+    out = table_outcomes(vm, bm, calls)
+    assert out[(out.scope == "pass-1 call") & (out.outcome == "call_error:timeout")]["n"].tolist() == [4]
+    assert vm[vm["vignette_id"] == "b2"]["outcome"].tolist() == ["call_error:timeout"] * 4
+
+
+def test_server_without_logprobs_is_a_clear_error(tmp_path):
+    from triage_cf.llm import LLMCapabilityError, make_client
+    with FakeOpenAI(responder=_esi_responder, logprobs=False) as srv:
+        client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=2, timeout=10, max_retries=0)
+        with pytest.raises(LLMCapabilityError, match="log-probabilities"):
+            _probe(client, tmp_path)
+
+
+# --- the smoke chain end to end --------------------------------------------------------------------------------------------
+
+EXPECTED_TABLES = ["margins_vignette_flow", "margins_vignette_summary", "margins_experiment", "margins_delta_m_by_variant",
+                   "margins_gate_by_variant", "margins_crr_by_branch", "margins_crr_by_variant_branch", "margins_crr_by_category",
+                   "margins_sycophancy_control", "margins_accuracy_by_variant", "margins_tar", "margins_wilcoxon",
+                   "margins_outcomes"]
+EXPECTED_FIGURES = ["margins_delta_m_vs_baseline", "margins_crr_paired", "margins_gap_histogram", "margins_gate_rate"]
+
+
+def test_smoke_chain(tmp_path):
+    from triage_cf.chain import reproduce
+    from triage_cf.core import load_params
+    params = load_params("synth-en", "margins-smoke")
+    assert params["stages"] == ["01_data", "02_cohort", "10_vignettes", "11_margins", "09_report"]
+    out = tmp_path / "run"
+    res = reproduce("synth-en", "margins-smoke", out=out, quiet=True, progress=False)
+    assert [r.status for r in res] == ["ran"] * 5
+    vig = pd.read_csv(out / "data" / "vignettes.csv")
+    assert list(vig.columns) == ["vignette_id", "subject_id", "variant", "true_level", "chief_complaint", "hr", "rr", "spo2",
+                                 "sbp", "dbp", "temp_c", "pain", "prompt"]
+    assert len(vig) == 4 * params["pm_n_vignettes"]
+    for t in EXPECTED_TABLES:
+        assert (out / "tables" / f"{t}.csv").is_file(), t
+    for f in EXPECTED_FIGURES:
+        assert (out / "figures" / f"{f}.png").is_file(), f
+    con = duckdb.connect(str(out / "data" / "margins.duckdb"), read_only=True)
+    exp = con.execute("SELECT experiment_id, template_sha256 FROM experiments").fetchall()
+    assert len(exp) == 1 and len(exp[0][1]) == 64
+    n_vm = con.execute("SELECT count(*) FROM vignette_metrics").fetchone()[0]
+    n_pass1 = con.execute("SELECT count(*) FROM calls WHERE pass_name = 'pass1'").fetchone()[0]
+    n_fired = con.execute("SELECT count(*) FROM vignette_metrics WHERE gate_fired").fetchone()[0]
+    n_branch = con.execute("SELECT count(*) FROM calls WHERE pass_name = 'branch'").fetchone()[0]
+    shas = con.execute("SELECT DISTINCT template_sha256 FROM calls").fetchall()
+    # ΔM for every vignette and variant (local backend: teacher-forced, never censored)
+    n_dm = con.execute("SELECT count(*) FROM vignette_metrics WHERE delta_m IS NOT NULL AND NOT delta_m_censored").fetchone()[0]
+    con.close()
+    assert n_vm == len(vig) == n_pass1 == n_dm and n_branch == 4 * n_fired and shas == [(exp[0][1],)]
+    spans = read_spans(out / "data" / "margins_traces.jsonl")
+    assert spans["trace_id"].nunique() == 1
+    assert (spans["name"] == "margins.pass1").sum() == len(vig) and (spans["name"] == "margins.branch").sum() == n_branch
+    outcomes = pd.read_csv(out / "tables" / "margins_outcomes.csv")
+    assert outcomes.loc[outcomes.scope == "vignette variant", "n"].sum() == len(vig)
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert all(f"<h3>{t}</h3>" in html for t in EXPECTED_TABLES + EXPECTED_FIGURES)
+    run = json.loads((out / "run.json").read_text())
+    assert run["stages"]["11_margins"]["status"] == "ok"
+    for stage in ("10_vignettes", "11_margins", "09_report"):   # nothing record-level rendered
+        assert run["stages"][stage]["scan"]["n_findings"] == 0, run["stages"][stage]["scan"]
+
+
+def test_cli_probe_margins_parser():
+    from triage_cf.cli import build_parser
+    from triage_cf.cli_margins import overrides_from
+    args = build_parser().parse_args(["probe-margins", "--dataset", "mimic-iv-ed-demo", "--out", "x"])
+    assert args.profile == "margins-cpu" and overrides_from(args) == {}
+    args = build_parser().parse_args(["probe-margins", "--dataset", "d", "--out", "x", "--backend", "openai", "--model", "m",
+                                      "--base-url", "http://127.0.0.1:8000/v1"])
+    assert overrides_from(args) == {"pm_backend": "openai", "pm_model": "m", "pm_base_url": "http://127.0.0.1:8000/v1"}
+    with pytest.raises(ValueError, match="--base-url"):
+        overrides_from(build_parser().parse_args(["probe-margins", "--dataset", "d", "--out", "x", "--backend", "openai"]))
