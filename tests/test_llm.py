@@ -188,3 +188,22 @@ def test_render_chat_without_system_role():
     tok = tiny_tokenizer(["a b c"] * 5, vocab_size=270, chat_template=NO_SYSTEM_TEMPLATE)
     text = render_chat(tok, CONVS[0])
     assert "You triage emergency patients.\n\nA 40 year old" in text
+
+
+def test_margin_probe_generation_path_against_the_real_server(served):
+    "Seed 001's probe through a real server: the answers are the local model's; without logprobs, named outcomes or a clear error."
+    from triage_cf.margins_probe import ProbeSettings, measure
+    url, model = served
+    remote = make_client("openai", model=model, base_url=url)
+    local = make_client("local", model=model, load_dtype="float32")
+    scale = {"name": "ESI", "levels": [1, 2, 3, 4, 5]}
+    prompts = [c[-1]["content"] for c in CONVS]
+    gen_only = ProbeSettings(scale=scale, mode="topk", top_logprobs=0, max_tokens=8)
+    got, _, _ = measure(remote, prompts, gen_only, '{"esi": ')
+    want, _, _ = measure(local, prompts, gen_only, '{"esi": ')
+    assert [r["text"] for r in got] == [r["text"] for r in want]
+    assert {r["outcome"] for r in got} == {"no_logprobs"} and all(np.isnan(r["delta_m"]) for r in got)
+    with pytest.raises(LLMCapabilityError, match="no log-probabilities"):
+        measure(remote, prompts, ProbeSettings(scale=scale, mode="topk", top_logprobs=20, max_tokens=8), '{"esi": ')
+    with pytest.raises(LLMCapabilityError, match="score_continuations"):
+        measure(remote, prompts, ProbeSettings(scale=scale, mode="score", max_tokens=8), '{"esi": ')

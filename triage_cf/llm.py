@@ -799,7 +799,7 @@ def _finish(self, ids: list[int], lp, budget: int, n_prompt: int, stop, top_k) -
     think, _ = split_reasoning(text)
     reasoning = len(tok(think, add_special_tokens=False)["input_ids"]) if think is not None else None
     logprobs = None
-    if top_k is not None:
+    if top_k:   # 0 or None: not asked for (as for a server)
         logprobs = []
         for k, t in enumerate(keep):
             vals, idx = lp[k].topk(top_k)
