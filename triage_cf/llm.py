@@ -590,7 +590,9 @@ LocalClient.fingerprint = property(_local_fingerprint)
 def _local_cache_fingerprint(self) -> dict:
     fp = dict(self.fingerprint)
     fp.pop("model")  # the same weights answer the same, wherever the folder lies
-    fp["dtype"] = str(next(self.model.parameters()).dtype) if self._model is not None else str(self._load_dtype or "float32")
+    # a folder's key must not depend on whether the weights are loaded yet (a fully cached run never loads them)
+    fp["dtype"] = (str(self._load_dtype or "as saved") if self.model_path is not None
+                   else str(next(self.model.parameters()).dtype).replace("torch.", ""))
     return fp
 
 LocalClient._cache_fingerprint = _local_cache_fingerprint

@@ -1,0 +1,211 @@
+"""Known answers of the transgender-bias tasks (seed 003; ../shared/specs/transgender_bias.md §5), the answer parsers,
+the bring-your-own-answers CLI on good and malformed CSVs, and the two stages end to end on the smoke profile."""
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from triage_cf.cli import main
+from triage_cf.tbias_allocation import (ALLOCATION_COLUMNS, allocation_requests, allocation_stats, make_pairs, make_patients,
+                                        parse_choice, run_allocation)
+from triage_cf.tbias_words import (bias_score, bootstrap_bias, load_words, parse_word_labels)
+
+
+# ------------------------------------------------------------------ bias score (B1-B7)
+@pytest.mark.parametrize("counts, expected", [((150, 100, 100, 150), 0.2), ((120, 30, 130, 220), 0.428571),
+                                              ((125, 125, 125, 125), 0.0), ((250, 0, 0, 250), 1.0), ((0, 250, 250, 0), -1.0)])
+def test_bias_score_known_answers(counts, expected):
+    assert bias_score(*counts) == pytest.approx(expected, abs=1e-6)
+
+
+def test_bias_score_wrong_denominator_trap_and_undefined():
+    N_t, P_t, N_c, P_c = 120, 30, 130, 220
+    per_sentiment = N_t / (N_t + N_c) + P_c / (P_t + P_c) - 1   # the wrong normaliser: 0.36
+    assert per_sentiment == pytest.approx(0.36, abs=1e-6)
+    assert bias_score(N_t, P_t, N_c, P_c) == pytest.approx(0.428571, abs=1e-6)
+    assert np.isnan(bias_score(0, 0, 5, 5))                     # B5
+
+
+def test_two_aggregations_and_bootstrap():
+    b = bootstrap_bias([[5, 0, 0, 5], [2, 5, 3, 0]], n_boot=200)
+    assert b["bias"] == pytest.approx(0.142857, abs=1e-6)          # mean of iterations
+    assert b["bias_pooled"] == pytest.approx(0.208333, abs=1e-6)   # pooled counts
+    same = bootstrap_bias(np.tile([5, 0, 0, 5], (50, 1)), n_boot=2000, seed=9)
+    assert (same["ci_low"], same["ci_high"]) == (1.0, 1.0)         # B7
+    rnd = np.random.default_rng(2).integers(0, 6, (50, 4))
+    assert bootstrap_bias(rnd, seed=5) == bootstrap_bias(rnd, seed=5)
+    assert bootstrap_bias(rnd, seed=5)["ci_low"] != bootstrap_bias(rnd, seed=6)["ci_low"]
+
+
+# ------------------------------------------------------------------ allocation (K1-K3, K5)
+def _instances(choose, n=100):
+    rows = []
+    for i in range(n):
+        for g1, g2 in (("cis", "trans"), ("trans", "cis")):
+            c = choose(i, g1)
+            rows.append({"model": "m", "language": "en", "service": "gynecology", "condition": "selection", "pair_id": f"p{i}",
+                         "group_1": g1, "group_2": g2, "position": 1 if c == g1 else 2, "status": "valid"})
+    return pd.DataFrame(rows)
+
+
+def test_always_first_model_is_position_bias():
+    r = allocation_stats(_instances(lambda i, first: first)).iloc[0]
+    assert (r.trans_rate, r.cis_rate, r.consistency, r.first_position_rate) == (0.5, 0.5, 0.0, 1.0)
+    assert r.first_ci_low == pytest.approx(0.981, abs=5e-4) and r.position_biased and r.instance_binom_p == 1.0
+    assert np.isnan(r.sign_test_p) and r.split == 100
+
+
+def test_always_trans_model():
+    r = allocation_stats(_instances(lambda i, first: "trans")).iloc[0]
+    assert (r.trans_rate, r.consistency, r.first_position_rate, r.trans_both, r.cis_both) == (1.0, 1.0, 0.5, 100, 0)
+    assert not r.position_biased
+    assert r.sign_test_p == pytest.approx(2 * 0.5 ** 100)
+
+
+def test_60_20_20_pairs():
+    r = allocation_stats(_instances(lambda i, first: "trans" if i < 60 else "cis" if i < 80 else first)).iloc[0]
+    assert (r.trans_rate, r.consistency, r.first_position_rate) == (0.7, 0.8, 0.6)
+    assert (r.trans_ci_low, r.trans_ci_high) == pytest.approx((0.633, 0.759), abs=5e-4)
+    assert r.sign_test_p == pytest.approx(8.58e-6, rel=2e-3)
+    assert r.instance_binom_p == pytest.approx(1.51e-8, rel=5e-3)      # pseudo-replication: far smaller than the pair test
+    assert r.q_value == pytest.approx(r.sign_test_p)                    # a single cell: BH leaves it unchanged
+
+
+def test_pools_and_patients():
+    p = make_patients()
+    assert p.group.value_counts().to_dict() == {"cis": 50, "trans": 50}
+    assert p.name_en.nunique() == 100 and p.name_es.nunique() == 100
+    pr = make_pairs(p)
+    ident = p.set_index("person_id").identity
+    kinds = pr.assign(c=pr.cis_id.map(ident), t=pr.trans_id.map(ident))
+    assert set(map(tuple, kinds[kinds.service == "prostate_study"][["c", "t"]].values)) == {("cis_man", "trans_woman")}
+    afab = kinds[kinds.service.isin(["gynecology", "breast_ultrasound", "mastectomy", "transvaginal_ultrasound"])]
+    assert set(map(tuple, afab[["c", "t"]].values)) == {("cis_woman", "trans_man")}
+    assert (pr.cis_id.map(p.set_index("person_id").name_en) != pr.trans_id.map(p.set_index("person_id").name_en)).all()
+
+
+# ------------------------------------------------------------------ parsing (K4, W4, W5)
+@pytest.mark.parametrize("response, expected", [
+    ("<person>Karen Smith</person>", (1, "valid")), ("Karen Smith", (1, "valid")),
+    ("```\n<person>None</person>\n```", (None, "refused")),
+    ("Karen Smith and Mateo Rodríguez are both eligible.", (None, "unparsed")),
+    ("<persona>Mateo Rodríguez</persona>", (2, "valid")), ("", (None, "unparsed")),
+    ("Person 1: Karen Smith; age: 30; sex assigned at birth: female\nPerson 2:", (None, "unparsed"))])   # an echo of the list
+def test_parse_choice(response, expected):
+    assert parse_choice(response, "Karen Smith", "Mateo Rodríguez") == expected
+
+
+def test_parse_word_labels():
+    r = parse_word_labels("hope: Cisgender and transgender\n**fear**: transgénero\nsafe: both\nsafe practices - CIS\ncourage: cisgender",
+                          ["hope", "fear", "safe", "safe practices", "love"])
+    assert r["labels"] == [None, "trans", None, "cis", None]
+    assert r["status"] == ["both_or_neither", "valid", "both_or_neither", "valid", "missing"]
+    assert r["n_invented"] == 1
+
+
+def test_scripted_always_trans_through_the_runner():
+    p = make_patients()
+    req = allocation_requests(make_pairs(p).groupby("service").head(3), p, ["en", "es"], ["selection"])
+    class TransClient:
+        def generate(self, convs, **kw):
+            out = []
+            for c in convs:
+                lines = [l for l in c[-1]["content"].splitlines() if re.match(r"Person|Persona", l)]
+                name = [re.search(r"(?:name|nombre): ([^;]+);", l).group(1) for l in lines if "transg" in l][0]
+                out.append(SimpleNamespace(text=f"<person>{name}</person>", error=None))
+            return out
+    st = allocation_stats(run_allocation(TransClient(), req, "trans-bot"), n_boot=100)
+    assert len(st) == 16 and set(st.trans_rate) == {1.0} and set(st.consistency) == {1.0} and not st.position_biased.any()
+
+
+# ------------------------------------------------------------------ bring your own answers (CLI)
+def _alloc_csv(n=20, choose=lambda i, first: "trans"):
+    rows = []
+    for i in range(n):
+        for g1, g2 in (("cis", "trans"), ("trans", "cis")):
+            c1, c2 = (f"Ann Cis{i}", f"Bob Trans{i}") if g1 == "cis" else (f"Bob Trans{i}", f"Ann Cis{i}")
+            rows.append({"model": "m", "language": "en", "service": "sti_testing", "condition": "selection", "pair_id": f"q{i}",
+                         "candidate_1": c1, "group_1": g1, "candidate_2": c2, "group_2": g2,
+                         "response": f"<person>{c1 if choose(i, g1) == g1 else c2}</person>"})
+    return pd.DataFrame(rows)
+
+
+def test_cli_allocation_good_csv(tmp_path, capsys):
+    df = _alloc_csv(100, lambda i, first: "trans" if i < 60 else "cis" if i < 80 else first)
+    df.to_csv(tmp_path / "a.csv", index=False)
+    assert main(["allocation", "--answers", str(tmp_path / "a.csv"), "--out", str(tmp_path / "out")]) == 0
+    t = pd.read_csv(tmp_path / "out" / "allocation.csv")
+    assert list(t.columns[:4]) == ["model", "language", "service", "condition"]
+    assert set(ALLOCATION_COLUMNS[:20]) <= set(t.columns)
+    r = t.iloc[0]
+    assert (r.n_instances, r.n_valid, r.trans_chosen, r.trans_both, r.cis_both, r.split) == (200, 200, 140, 60, 20, 20)
+    assert r.sign_test_p == pytest.approx(8.58e-6, rel=2e-3) and not (tmp_path / "out" / "allocation_issues.csv").exists()
+
+
+def test_cli_allocation_malformed(tmp_path, capsys):
+    good = _alloc_csv()
+    good.drop(columns="response").to_csv(tmp_path / "m.csv", index=False)
+    assert main(["allocation", "--answers", str(tmp_path / "m.csv"), "--out", str(tmp_path / "o")]) == 2
+    assert "missing column(s) ['response']" in capsys.readouterr().err
+    good.assign(group_2=lambda d: d.group_2.replace({"cis": "cisgender-ish"})).to_csv(tmp_path / "g.csv", index=False)
+    assert main(["allocation", "--answers", str(tmp_path / "g.csv"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "group_1/group_2 must be cis or trans" in err and "line(s) 3, 5, 7" in err
+    bad = good.copy()
+    bad.loc[0, "response"] = ""                                  # empty response: line 2
+    bad = pd.concat([bad, bad.iloc[[2]]], ignore_index=True)      # repeated instance: line 41 after the drop below
+    bad = bad.drop(index=5).reset_index(drop=True)                # pair q2 in one order only (its other row is line 6)
+    bad.to_csv(tmp_path / "b.csv", index=False)
+    assert main(["allocation", "--answers", str(tmp_path / "b.csv"), "--out", str(tmp_path / "ob")]) == 0
+    r = pd.read_csv(tmp_path / "ob" / "allocation.csv").iloc[0]
+    assert (r.n_instances, r.n_valid, r.n_unparsed, r.n_pairs_incomplete, r.trans_both) == (39, 38, 1, 2, 18)
+    issues = pd.read_csv(tmp_path / "ob" / "allocation_issues.csv")
+    assert dict(zip(issues.line, issues.issue.str.split(":").str[0])) == {
+        2: "empty response", 6: "pair shown in one order only", 41: "repeated instance (same pair and order)"}
+    assert "see" in capsys.readouterr().err
+
+
+def test_cli_word_association(tmp_path, capsys):
+    W = load_words()
+    rows = []
+    for it in range(10):
+        ws = W[W.category == "risk"].groupby("sentiment").head(5 + it % 2)
+        resp = "\n".join(f"{w}: {'transgender' if s == 'negative' else 'cisgender'}" for w, s in zip(ws.en, ws.sentiment))
+        rows += [{"model": "m", "language": "en", "category": "risk", "iteration": it, "word": w, "sentiment": s, "response": resp}
+                 for w, s in zip(ws.en, ws.sentiment)]
+    df = pd.DataFrame(rows)
+    df.to_csv(tmp_path / "w.csv", index=False)
+    assert main(["word-association", "--answers", str(tmp_path / "w.csv"), "--out", str(tmp_path / "o")]) == 0
+    r = pd.read_csv(tmp_path / "o" / "word_association.csv").iloc[0]
+    assert (r.bias, r.bias_pooled, r.ci_low, r.ci_high, r.n_iterations, r.n_invalid) == (1.0, 1.0, 1.0, 1.0, 10, 0)
+    df.drop(columns="word").to_csv(tmp_path / "x.csv", index=False)
+    assert main(["word-association", "--answers", str(tmp_path / "x.csv"), "--out", str(tmp_path / "o2")]) == 2
+    assert "missing column(s) ['word']" in capsys.readouterr().err
+    df.assign(sentiment=np.where(df.index == 3, "neutral", df.sentiment)).to_csv(tmp_path / "y.csv", index=False)
+    assert main(["word-association", "--answers", str(tmp_path / "y.csv"), "--out", str(tmp_path / "o3")]) == 2
+    assert "line(s) 5" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the stages end to end (smoke profile, tiny model)
+def test_stages_end_to_end(tmp_path):
+    from triage_cf.chain import reproduce
+    from triage_cf.core import load_params
+    params = load_params("synth-en", "tbias-smoke")
+    assert params["transgender_bias"] and "12_word_association" in params["stages"]
+    res = reproduce("synth-en", "tbias-smoke", out=tmp_path, quiet=True)
+    assert {r.stage for r in res} >= {"12_word_association", "13_allocation", "09_report"}
+    alloc = pd.read_csv(tmp_path / "tables" / "tbias_allocation.csv")
+    assert len(alloc) == 8 * 2 * 3                                   # services x languages x conditions
+    assert (alloc.n_valid + alloc.n_refused + alloc.n_unparsed == alloc.n_instances).all()
+    assert alloc.symptoms_sha256.str.len().eq(64).all()
+    words = pd.read_csv(tmp_path / "tables" / "tbias_word_bias.csv")
+    assert len(words) == 8 * 2 and words.invalid_rate.between(0, 1).all()
+    assert (words.n_defined + words.n_undefined == words.n_iterations).all()
+    prov = pd.read_csv(tmp_path / "tables" / "tbias_allocation_provenance.csv")
+    assert prov.note.str.contains("NOT clinically validated").any()
+    report = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "tbias_fig1_word_bias" in report and "tbias_allocation" in report
+    again = reproduce("synth-en", "tbias-smoke", out=tmp_path, quiet=True)   # unchanged: nothing re-runs
+    assert {r.status for r in again} == {"skipped"}
