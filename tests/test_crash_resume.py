@@ -1,4 +1,4 @@
-"""Runs survive crashes (issue 8): `triage-cf reproduce` on synth-en (smoke profile) is SIGKILLed during fine-tuning
+"""Runs survive crashes: `triage-cf reproduce` on synth-en (smoke profile) is SIGKILLed during fine-tuning
 (stage 04_emulator, after its first epoch checkpoint) and, on the re-run, during prediction (stage 06_predict, after
 its first durable chunk); a third run finishes. Only unfinished work is redone (earlier stages skipped, fine-tuning
 resumed from the checkpoint, prediction chunks reused) and the tables and prediction files are byte-identical to an
@@ -11,7 +11,7 @@ import pytest
 import _smoke_runs as sr
 from triage_cf.chain import stages_for
 from triage_cf.core import load_params
-from triage_cf.counterfactuals import VIEWS
+from triage_cf.core import VIEWS
 
 STAGES = stages_for(load_params(sr.DATASET, sr.PROFILE))
 FT, PRED = "04_emulator", "06_predict"

@@ -258,8 +258,6 @@ def test_missing_or_changed_file_names_file_sha_and_url(tmp_path):
 def test_synth_loader_calls_generator_and_maps_like_real_data(monkeypatch):
     """load_records on a synthetic manifest calls triage_cf.synth.generate_raw(lang, seed, **knobs) and sends its
     raw table (contract's synth-en schema) through the same mapping, counting and validation as real data."""
-    import sys
-    import types
     calls = []
 
     def generate_raw(lang, seed, n=4, **kw):
@@ -275,7 +273,8 @@ def test_synth_loader_calls_generator_and_maps_like_real_data(monkeypatch):
             "chiefcomplaint": ["headache", "chest pain", "ankle pain", "fever"][:n],
             "triage_note": ["mild headache since morning", "crushing chest pain", "", "fever 2 days"][:n]})
 
-    monkeypatch.setitem(sys.modules, "triage_cf.synth", types.SimpleNamespace(generate_raw=generate_raw))
+    from triage_cf import synth
+    monkeypatch.setattr(synth, "generate_raw", generate_raw)   # triage_cf.data calls synth.generate_raw
     m = {"name": "synth-test", "title": "synthetic test", "citation": "-", "licence": "-", "access": "open", "language": "en",
          "triage_scale": {"name": "ESI", "levels": [1, 2, 3, 4, 5], "most_severe": 1}, "loader": "synth",
          "generator": {"lang": "en"}, "files": [],
@@ -294,7 +293,7 @@ def test_synth_loader_calls_generator_and_maps_like_real_data(monkeypatch):
     res = apply_cohort(rec, m["cohort"], rows_read=4)
     assert res.exclusions.set_index("record_id")["rule"].to_dict() == {"4": "missing_sex"}
     # a generator whose table lacks a mapped column: an error naming the generator and the column
-    monkeypatch.setitem(sys.modules, "triage_cf.synth", types.SimpleNamespace(
-        generate_raw=lambda lang, seed, **kw: generate_raw(lang, seed, **kw).drop(columns=["triage_note"])))
+    monkeypatch.setattr(synth, "generate_raw",
+                        lambda lang, seed, **kw: generate_raw(lang, seed, **kw).drop(columns=["triage_note"]))
     with pytest.raises(ValueError, match=r"generate_raw\(lang='en'\): missing required column\(s\) \['triage_note'\]"):
         load_records(m, synth={})

@@ -1,4 +1,4 @@
-"""Data governance (issue 8). A fake restricted dataset (the chu-bordeaux schema) seeded with canary strings and ids
+"""Data governance. A fake restricted dataset (the chu-bordeaux schema) seeded with canary strings and ids
 runs through the whole chain with the network disabled: no canary reaches a rendered file, count cells are
 suppressed, and nothing tries the network. A stage that prints a canary fails the render, naming the output and the
 cell. `make docs` refuses run folders and notebooks of non-open datasets. CI refuses tracked run and data files."""
@@ -219,7 +219,7 @@ else:
 
 
 LEAK = [("code", 'dataset = "chu-bordeaux"\nprofile = "smoke"\nrun_dir = None\nseed = 42\n', ["parameters"]),
-        ("code", "from triage_cf.core import read_parquet, stage_setup, write_table\n"
+        ("code", "from triage_cf.chain import stage_setup\nfrom triage_cf.core import read_parquet, write_table\n"
                  "paths = stage_setup('zz_leak', dataset, profile, run_dir, seed)\n"
                  "records = read_parquet(paths.data / 'records.parquet')"),
         ("code", "records.head()"),                                       # withheld by the kernel's display policy

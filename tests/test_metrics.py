@@ -1,4 +1,4 @@
-"""Bias metrics (issue 7): point estimates vs an independent implementation, the paper's Table 7, bootstrap CIs,
+"""Bias metrics: point estimates vs an independent implementation, the paper's Table 7, bootstrap CIs,
 one-direction pair sets, and the bad-input corpus of `metrics_from_csv`."""
 import numpy as np
 import pandas as pd
@@ -10,7 +10,7 @@ from triage_cf import metrics as M
 
 # ---------------------------------------------------------------- an independent, straightforward implementation
 def reference_metrics(orig_sex, pred_orig, pred_cf):
-    """The issue's definitions written out with plain Python loops over pairs (no shared code with triage_cf)."""
+    """The definitions of notebook 07_metrics written out with plain Python loops over pairs (no shared code with triage_cf)."""
     n = {"M": 0, "F": 0}
     up = {"M": 0, "F": 0}
     down = {"M": 0, "F": 0}

@@ -1,4 +1,4 @@
-"""The reconciliation of the paper's published numbers (issue 7): the verdicts the notebook prints, asserted."""
+"""The reconciliation of the paper's published numbers: the verdicts the notebook prints, asserted."""
 import pandas as pd
 import pytest
 

@@ -1,4 +1,4 @@
-"""Results are reproducible bit for bit (issue 8): two uninterrupted smoke runs of synth-en (same dataset, profile and
+"""Results are reproducible bit for bit: two uninterrupted smoke runs of synth-en (same dataset, profile and
 seed) in different folders give the same tables and prediction files, byte for byte; run.json holds what is needed to
 repeat a run; a corrupted artifact of the real chain is detected by its sha256 and recomputed, never read.
 The runs are shared with tests/test_crash_resume.py (tests/_smoke_runs.py)."""

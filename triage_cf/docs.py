@@ -1,36 +1,54 @@
-"""`make docs`: a static HTML site under `_docs/` from the README and the notebooks, executed on synthetic data only.
+"""`make docs`: a static HTML site under `_docs/` from the notebooks (`nbs/index.ipynb` is the landing page) and the
+README, executed on synthetic data only, readable without a network.
 
 Hand-written glue (Quarto cannot be installed on these machines; where it exists, `nbdev_docs` may be used instead).
 Notebooks run with their default parameters, which are the smoke profile of a synthetic dataset; a notebook whose
 default `dataset` is not open (per its manifest) is refused before anything runs. A run folder can be added to the
 site with `--run DIR`, but only for open or synthetic datasets: a credentialed or restricted dataset's run is refused
 (its rendered pages are aggregates only, but they are not for a public site), and so is a run folder whose dataset or
-access level cannot be established (no run.json, no manifest)."""
+access level cannot be established (no run.json, no manifest).
+
+A page reads like nbdev's: `#| hide` cells are left out, an `#| export` cell shows each public function and class it
+defines as `show_doc` does (name, signature, docstring) instead of its source, and the `#|` directives are removed.
+Formulas (`$...$`, `$$...$$` in markdown and docstrings) are typeset on the build machine by matplotlib's mathtext
+into inline SVG images, so a page needs no MathJax or KaTeX from a CDN; a formula mathtext cannot parse is shown as
+its LaTeX source in a code span (and counted). Links between notebooks (`X.ipynb`) point to their pages."""
 from __future__ import annotations
 
 import argparse
 import ast
+import base64
+import copy
 import html
+import io
 import json
 import os
+import re
 import shutil
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from .core import atomic_write_text, repo_root
+from .data import load_manifest
 
-_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;padding:0 1em}}code,pre{{background:#f6f6f6}}</style>
+_STYLE = """<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:1em auto;padding:0 1em}
+nav.docs-nav{font-size:.9em;line-height:1.8;border-bottom:1px solid #ddd;padding-bottom:.5em;margin-bottom:1em}
+img.math{vertical-align:middle} div.math-display{text-align:center;margin:.6em 0}
+.show-doc h3{margin-bottom:.2em} .show-doc pre{background:#f6f8fa;padding:.5em;border-radius:4px;white-space:pre-wrap}
+</style>"""
+_PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</title>{style}
+<style>code,pre{{background:#f6f6f6}}</style>
 </head><body>{nav}{body}</body></html>"""
 
 
 def _nav(pages: list[tuple[str, str]]) -> str:
-    return "<nav><a href='index.html'>README</a> · " + " · ".join(f"<a href='{h}'>{html.escape(t)}</a>" for t, h in pages) + "</nav><hr>"
+    return ("<nav class='docs-nav'><a href='index.html'>triage_cf</a> · <a href='readme.html'>README</a> · "
+            + " · ".join(f"<a href='{h}'>{html.escape(t)}</a>" for t, h in pages) + "</nav>")
 
 
 def _access(ds: str, what: str) -> str:
     "The manifest's access level of dataset `ds`; PermissionError (naming `what`) when it has no manifest."
-    from .data import load_manifest
     try:
         return load_manifest(ds).get("access")
     except FileNotFoundError:
@@ -70,17 +88,161 @@ def check_notebook_is_public(nb_path: Path) -> str | None:
     return ds
 
 
+# ---------------------------------------------------------------- formulas: typeset here, no network at reading time
+
+_CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+_MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$\w])\$(?![\s$])((?:[^$\n]|\n(?!\s*\n))+?)(?<![\s\\])\$(?![\w$])", re.S)
+_SIZING = re.compile(r"\\(?:big|Big|bigg|Bigg)[lrm]?(?![a-zA-Z])")
+#: formulas mathtext could not typeset in this process (shown as LaTeX source)
+MATH_FAILURES: list[str] = []
+
+
+@lru_cache(maxsize=8192)
+def math_img(tex: str, display: bool = False, size: float = 13.0) -> str | None:
+    """An `<img>` holding the SVG of LaTeX `tex` typeset by matplotlib's mathtext (glyphs as paths: no font, no
+    network), aligned on the text's baseline; None when mathtext cannot parse `tex`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import mathtext, rcParams
+    from matplotlib.font_manager import FontProperties
+    rcParams["svg.hashsalt"] = "triage_cf-docs"           # stable glyph ids: the same formula gives the same bytes
+    buf = io.BytesIO()
+    src = _SIZING.sub("", tex.strip())                    # \big( and friends: mathtext sizes delimiters itself
+    try:
+        depth = mathtext.math_to_image(f"${src}$", buf, prop=FontProperties(size=size), dpi=72, format="svg")
+    except Exception:                                     # mathtext's parser raises ValueError; be safe with the rest
+        return None
+    svg = re.sub(rb"<metadata>.*?</metadata>", b"", buf.getvalue(), flags=re.S)
+    uri = "data:image/svg+xml;base64," + base64.b64encode(svg).decode("ascii")
+    style = "" if display else f' style="vertical-align:-{float(depth):.1f}px"'
+    return f'<img class="math" alt="{html.escape(tex.strip(), quote=True)}" src="{uri}"{style}>'
+
+
+def typeset_math(markdown: str) -> str:
+    "Markdown with every `$...$` and `$$...$$` outside code replaced by its typeset image (code spans are left alone)."
+    parts, last = [], 0
+    for m in _CODE.finditer(markdown):
+        parts += [("text", markdown[last:m.start()]), ("code", m.group())]
+        last = m.end()
+    parts.append(("text", markdown[last:]))
+
+    def one(m: re.Match) -> str:
+        display, tex = m.group(1) is not None, m.group(1) if m.group(1) is not None else m.group(2)
+        img = math_img(tex, display)
+        if img is None:
+            MATH_FAILURES.append(tex)
+            return f"`{tex.strip()}`"
+        return f'<div class="math-display">{img}</div>' if display else img
+    return "".join(_MATH.sub(one, t) if kind == "text" else t for kind, t in parts)
+
+
+# ---------------------------------------------------------------- show_doc: signatures and docstrings of export cells
+
+def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef, name: str | None = None) -> str:
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    return f"{name or node.name}({ast.unparse(node.args)}){ret}"
+
+
+def _doc_block(node, level: int = 3) -> str:
+    "One object as nbdev's show_doc renders it: a heading, the signature in a code block, the docstring."
+    doc = ast.get_docstring(node) or ""
+    if isinstance(node, ast.ClassDef):
+        init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        fields = [ast.unparse(n) for n in node.body if isinstance(n, ast.AnnAssign)]
+        bases = f"({', '.join(ast.unparse(b) for b in node.bases)})" if node.bases else ""
+        if init is not None:
+            args = copy.deepcopy(init.args)
+            args.args = args.args[1:]                     # drop self
+            sig = f"class {node.name}{bases}: {node.name}({ast.unparse(args)})"
+        else:
+            sig = f"class {node.name}{bases}" + (":\n    " + "\n    ".join(fields) if fields else "")
+    else:
+        sig = ("async def " if isinstance(node, ast.AsyncFunctionDef) else "def ") + _signature(node)
+    out = [f"{'#' * level} {node.name}", "", "```python", sig, "```", ""]
+    if doc:
+        out += [doc, ""]
+    if isinstance(node, ast.ClassDef):                    # public methods and properties, one level down
+        for n in node.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not n.name.startswith("_"):
+                out.append(_doc_block(n, min(level + 1, 6)))
+    return "\n".join(out)
+
+
+def show_doc_markdown(source: str) -> str | None:
+    "The show_doc markdown of an `#| export` cell: every public top-level function and class; None if it defines none."
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    blocks = [_doc_block(n) for n in tree.body
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+    return "\n\n".join(blocks) if blocks else None
+
+
+_DIRECTIVE = re.compile(r"^\s*#\s*\|\s*([\w-]+)(.*)$")
+
+
+def _directives(source: str) -> dict[str, str]:
+    return {m.group(1): m.group(2).strip() for line in source.splitlines() if (m := _DIRECTIVE.match(line))}
+
+
+def docs_notebook(nb):
+    """The page version of an (executed) notebook: `#| hide` and `default_exp` cells left out, `#| export` cells shown
+    as show_doc blocks (their outputs dropped), other cells without their directive lines, formulas typeset."""
+    import nbformat
+    out = copy.deepcopy(nb)
+    cells = []
+    for cell in out.cells:
+        d = _directives(cell.source) if cell.cell_type == "code" else {}
+        if "hide" in d or "default_exp" in d:
+            continue
+        if {"export", "exporti", "exports"} & set(d):
+            md = show_doc_markdown(cell.source)
+            if "exports" in d:                                # nbdev: show the source too
+                cells.append(nbformat.v4.new_code_cell("\n".join(l for l in cell.source.splitlines() if not _DIRECTIVE.match(l))))
+            if md and "exporti" not in d:
+                cells.append(nbformat.v4.new_markdown_cell(f'<div class="show-doc">\n\n{md}\n\n</div>'))
+            continue
+        if cell.cell_type == "code":
+            cell.source = "\n".join(l for l in cell.source.splitlines() if not _DIRECTIVE.match(l))
+        cells.append(cell)
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            cell.source = typeset_math(cell.source)
+    out.cells = cells
+    return out
+
+
+_MATHJAX = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
+_REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>")   # e.g. require.js (widgets only)
+_NB_LINK = re.compile(r'href="([\w.-]+)\.ipynb(#[^"]*)?"')
+
+
+def page_html(nb, nav: str = "") -> str:
+    "The HTML page of a notebook: nbconvert's lab template without its MathJax loader, notebook links to pages, `nav` on top."
+    from nbconvert import HTMLExporter
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(docs_notebook(nb))
+    body = _REMOTE_SCRIPT.sub("", _MATHJAX.sub("", body))
+    body = _NB_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+    return _insert_nav(body.replace("</head>", _STYLE + "\n</head>", 1), nav)
+
+
+def _insert_nav(page: str, nav: str) -> str:
+    m = re.search(r"<body[^>]*>", page)
+    return page if m is None else page[:m.end()] + nav + page[m.end():]
+
+
 def _md_to_html(text: str) -> str:
     try:
         from nbconvert.filters.markdown import markdown2html
-        return markdown2html(text)
+        return markdown2html(typeset_math(text))
     except Exception:
         return "<pre>" + html.escape(text) + "</pre>"
 
 
 def _build(out: Path | None, runs: list[Path], notebooks: list[str] | None) -> Path:
+    import nbformat
     import papermill as pm
-    from .chain import render_html
     root = repo_root()
     out = Path(out or root / "_docs")
     names = notebooks or sorted(p.stem for p in (root / "nbs").glob("*.ipynb") if not p.name.startswith(("_", ".")))
@@ -92,21 +254,29 @@ def _build(out: Path | None, runs: list[Path], notebooks: list[str] | None) -> P
     work = root / ".cache" / "docs" / "executed"  # executions and their synthetic runs stay outside the site (gitignored)
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TRIAGE_CF_RUNS", str(root / ".cache" / "docs" / "runs"))
-    pages = []
+    pages = [(n, "index.html" if n == "index" else f"{n}.html") for n in names if n != "index"]
+    reports = [(f"report {check_run_is_public(Path(r))}", f"report-{check_run_is_public(Path(r))}-{Path(r).name}.html") for r in runs]
+    nav = _nav(pages + reports)
+    MATH_FAILURES.clear()
     for name in names:
         print(f"docs: executing {name}", flush=True)
         executed = work / f"{name}.ipynb"
         pm.execute_notebook(str(root / "nbs" / f"{name}.ipynb"), str(executed), kernel_name="python3",
                             cwd=str(root / "nbs"), progress_bar=False)
-        render_html(executed, out / f"{name}.html")
-        pages.append((name, f"{name}.html"))
-    for r in runs:
-        ds = check_run_is_public(Path(r))
-        target = f"report-{ds}-{Path(r).name}.html"
+        target = out / ("index.html" if name == "index" else f"{name}.html")
+        atomic_write_text(target, page_html(nbformat.read(executed, as_version=4), nav))
+    for r, (_, target) in zip(runs, reports):
         shutil.copy(Path(r) / "report.html", out / target)
-        pages.append((f"report {ds}", target))
     readme = (root / "README.md").read_text(encoding="utf-8")
-    atomic_write_text(out / "index.html", _PAGE.format(title="triage_cf", nav=_nav(pages), body=_md_to_html(readme)))
+    atomic_write_text(out / "readme.html", _PAGE.format(title="triage_cf: README", style=_STYLE, nav=nav, body=_md_to_html(readme)))
+    if "index" not in names:   # a partial build still has a landing page
+        atomic_write_text(out / "index.html", _PAGE.format(title="triage_cf", style=_STYLE, nav=nav, body=_md_to_html(readme)))
+    for f in out.iterdir():                   # a site is read by others: the atomic writes' 0600 is too strict
+        if f.is_file():
+            f.chmod(0o644)
+    if MATH_FAILURES:
+        print(f"docs: {len(MATH_FAILURES)} formula(s) shown as LaTeX source (mathtext cannot typeset them): "
+              + "; ".join(sorted(set(MATH_FAILURES))[:10]), flush=True)
     print(f"docs: {out / 'index.html'}")
     return out / "index.html"
 

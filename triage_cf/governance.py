@@ -16,104 +16,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import RunPaths, atomic_write_text
+from .core import (AGGREGATE_ONLY, COMPLEMENTARY, MIN_CELL, PRIMARY, TEXT_COLUMNS, AccessPolicy, RunPaths,
+                            atomic_write_text, count_columns, policy_for_dataset, policy_for_run, read_manifest,
+                            suppress_small_cells)
 
 # %% auto #0
-__all__ = ['AGGREGATE_ONLY', 'MIN_CELL', 'PRIMARY', 'COMPLEMENTARY', 'IDENTIFYING_COLUMNS', 'MIN_ID_CHARS', 'MIN_TEXT_CHARS',
-           'NGRAM', 'ID_COLUMNS', 'RENDERED_SUFFIXES', 'AccessPolicy', 'policy_for_dataset', 'policy_for_run',
-           'count_columns', 'suppress_small_cells', 'shown', 'shown_count', 'install_display_policy', 'ScanIndex',
-           'build_index', 'Finding', 'html_text', 'scan_text', 'scan_notebook', 'check_table', 'rendered_files',
-           'index_for_run', 'scan_run', 'RenderBlocked', 'guard_rendered', 'sanitize_message', 'publish_notebook']
-
-# %% ../nbs/00a_governance.ipynb #94dd4e7b
-AGGREGATE_ONLY = ("credentialed", "restricted")
-MIN_CELL = 10                      # smallest count of records a rendered cell may show
-PRIMARY = f"<{MIN_CELL}"           # what a suppressed small cell shows
-COMPLEMENTARY = "suppressed"       # what a complementary-suppressed cell shows
-IDENTIFYING_COLUMNS = ("record_id", "patient_id", "cc_text", "hpi", "pmh", "note")
-
-@dataclass(frozen=True)
-class AccessPolicy:
-    "What a run of `dataset` may render, from its manifest's `access` level."
-    dataset: str
-    access: str                    # open | credentialed | restricted
-    min_cell: int = MIN_CELL
-    @property
-    def aggregate_only(self) -> bool: return self.access in AGGREGATE_ONLY
-    @property
-    def enforce(self) -> bool: return self.aggregate_only   # the scanner fails renders; open data: report-only
-    @property
-    def mode(self) -> str: return "enforce" if self.enforce else "report-only"
-
-def policy_for_dataset(dataset: str) -> AccessPolicy:
-    "The policy of `dataset` from its manifest; a dataset without a manifest has no loadable records (open)."
-    from triage_cf.data import load_manifest
-    try:
-        m = load_manifest(dataset)
-    except FileNotFoundError:
-        return AccessPolicy(dataset, "open")
-    return AccessPolicy(dataset, m["access"])
-
-def policy_for_run(run_dir: str | Path) -> AccessPolicy | None:
-    "The policy of the dataset of a run folder (from its run.json), or None outside a run folder."
-    p = Path(run_dir) / "run.json"
-    if not p.exists():
-        return None
-    try:
-        ds = json.loads(p.read_text(encoding="utf-8")).get("dataset")
-    except json.JSONDecodeError:
-        return None
-    return policy_for_dataset(ds) if ds else None
-
-# %% ../nbs/00a_governance.ipynb #8330016a
-_COUNT_NAME = re.compile(r"(n|count|n_\w+|count_\w+)")
-
-def count_columns(df: pd.DataFrame) -> list[str]:
-    "Columns of counts of records: named `n`, `count`, `n_*` or `count_*`, holding whole numbers (or suppressed cells)."
-    out = []
-    for c in df.columns:
-        if not _COUNT_NAME.fullmatch(str(c)) or pd.api.types.is_bool_dtype(df[c]):
-            continue
-        v = pd.to_numeric(df[c], errors="coerce").dropna()
-        if len(v) and bool((v % 1 == 0).all()):
-            out.append(c)
-    return out
-
-def suppress_small_cells(df: pd.DataFrame, min_cell: int = MIN_CELL, counts: list[str] | None = None) -> pd.DataFrame:
-    """Copy of `df` with count cells of 1..`min_cell`-1 shown as "<10", plus the complementary suppression described
-    above (column totals, flow running totals, derived floats) shown as "suppressed"."""
-    counts = list(counts) if counts is not None else count_columns(df)
-    n = len(df)
-    mark = {c: np.array([""] * n, dtype=object) for c in df.columns}
-    num = {c: pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float) for c in counts}
-    for c in counts:
-        mark[c][(num[c] >= 1) & (num[c] < min_cell)] = "P"
-    for c in counts:                                    # one suppressed cell in a column: suppress the next smallest
-        prim = mark[c] == "P"
-        if prim.sum() == 1:
-            cand = np.where(~prim & (num[c] > 0))[0]
-            if len(cand):
-                mark[c][cand[np.argmin(num[c][cand])]] = "C"
-    flow = {"n_in", "n_removed", "n_out"}
-    if flow <= set(counts) and (mark["n_removed"] != "").any():
-        for c, keep in (("n_in", 0), ("n_out", n - 1)):   # running totals would give the removals back
-            for i in range(n):
-                if i != keep and mark[c][i] == "":
-                    mark[c][i] = "C"
-    rows = np.zeros(n, dtype=bool)
-    for c in counts:
-        rows |= mark[c] != ""
-    for c in df.columns:                                # shares and proportions derive from the row's counts
-        if c not in counts and pd.api.types.is_float_dtype(df[c]):
-            mark[c][rows & (mark[c] == "")] = "C"
-    out = df.copy()
-    for c in df.columns:
-        if (mark[c] != "").any():
-            col = out[c].astype(object).to_numpy(copy=True)
-            col[mark[c] == "P"] = PRIMARY
-            col[mark[c] == "C"] = COMPLEMENTARY
-            out[c] = col
-    return out
+__all__ = ['ID_COLUMNS', 'IDENTIFYING_COLUMNS', 'MIN_ID_CHARS', 'MIN_TEXT_CHARS', 'NGRAM', 'RENDERED_SUFFIXES', 'shown',
+           'shown_count', 'install_display_policy', 'ScanIndex', 'build_index', 'Finding', 'html_text', 'scan_text',
+           'scan_notebook', 'check_table', 'rendered_files', 'index_for_run', 'scan_run', 'RenderBlocked',
+           'guard_rendered', 'sanitize_message', 'publish_notebook']
 
 # %% ../nbs/00a_governance.ipynb #fcdd10b8
 def shown(df: pd.DataFrame, policy: AccessPolicy | None) -> pd.DataFrame:
@@ -128,6 +39,9 @@ def shown_count(n: int, policy: AccessPolicy | None) -> str:
     return f"{n:,}"
 
 # %% ../nbs/00a_governance.ipynb #cbc9c86a
+ID_COLUMNS = ("record_id", "patient_id")
+IDENTIFYING_COLUMNS = (*ID_COLUMNS, *TEXT_COLUMNS)   # a rendered table with one of these columns is record-level
+
 def _safe_display(obj, policy: AccessPolicy):
     "(frame to show, or None when withheld) for a DataFrame or Series under `policy`."
     df = obj.to_frame() if isinstance(obj, pd.Series) else obj
@@ -167,7 +81,6 @@ def install_display_policy(policy: AccessPolicy | None) -> bool:
 MIN_ID_CHARS = 6          # ids shorter than this are not matched (they collide with counts and years)
 MIN_TEXT_CHARS = 20       # free-text values shorter than this are not matched ("chest pain", "fever")
 NGRAM = 6                 # free text is matched through its 6-word sequences
-ID_COLUMNS = ("record_id", "patient_id")
 _WORD = re.compile(r"\w+")
 
 def _words(text: str) -> list[str]:
@@ -315,10 +228,9 @@ def index_for_run(paths: RunPaths, policy: AccessPolicy | None = None) -> ScanIn
     rec = paths.data / "records.parquet"
     if not rec.exists():
         return ScanIndex.empty()
-    from triage_cf.data import TEXT_COLUMNS, load_manifest
     ds = policy.dataset if policy else None
     try:
-        fields = list(load_manifest(ds)["text_fields"]) if ds else list(TEXT_COLUMNS)
+        fields = list(read_manifest(ds).get("text_fields") or TEXT_COLUMNS) if ds else list(TEXT_COLUMNS)
     except FileNotFoundError:
         fields = list(TEXT_COLUMNS)
     st = rec.stat()

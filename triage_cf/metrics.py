@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr, ndtri
 
-from .core import atomic_write_text
+from .core import VIEWS, atomic_write_text
 
 # %% auto #0
-__all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'CONDITION_ORDER',
-           'TABLE3_COLUMNS', 'TABLE7_COUNTS', 'NATIONAL_ED_VISITS', 'PRETRAINING_METRICS', 'pdr', 'p_up', 'p_down',
-           'dts', 'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs',
-           'table3', 'format_table3', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level',
+__all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'TABLE3_COLUMNS',
+           'TABLE7_COUNTS', 'NATIONAL_ED_VISITS', 'PRETRAINING_METRICS', 'pdr', 'p_up', 'p_down', 'dts', 'nats_up',
+           'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs', 'table3',
+           'format_table3', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level',
            'impact_table', 'pretraining_comparison', 'figure3_forest', 'figure4_pretraining', 'read_pairs_csv',
            'metrics_from_csv']
 
@@ -27,7 +27,7 @@ __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONA
 DIRECTIONS = ("M_to_F", "F_to_M")
 _ORIG_OF = {"M_to_F": "M", "F_to_M": "F"}
 
-#: Metric names in table order (issue 7).
+#: Metric names in table order (the conventions above).
 METRICS = ("PDR", "P_up_M_to_F", "P_down_M_to_F", "P_up_F_to_M", "P_down_F_to_M",
            "DTS_M_to_F", "DTS_F_to_M", "NATS_up", "NATS_down", "NMDF", "female_skew")
 
@@ -55,40 +55,48 @@ def pdr(pred_orig, pred_cf) -> float:
     y, yc = np.asarray(pred_orig), np.asarray(pred_cf)
     return _mean(yc != y)
 
+# %% ../nbs/07_metrics.ipynb #3c16c7db
 def p_up(orig_sex, pred_orig, pred_cf, direction: str) -> float:
     "$\\mathbb{P}^{\\uparrow}_{dir} = P(y' > y \\mid dir)$: the counterfactual gets a higher (less severe) score."
     s, y, yc = _arrays(orig_sex, pred_orig, pred_cf)
     m = s == _ORIG_OF[direction]
     return _mean(yc[m] > y[m])
 
+# %% ../nbs/07_metrics.ipynb #c270adc4
 def p_down(orig_sex, pred_orig, pred_cf, direction: str) -> float:
     "$\\mathbb{P}^{\\downarrow}_{dir} = P(y' < y \\mid dir)$: the counterfactual gets a lower (more severe) score."
     s, y, yc = _arrays(orig_sex, pred_orig, pred_cf)
     m = s == _ORIG_OF[direction]
     return _mean(yc[m] < y[m])
 
+# %% ../nbs/07_metrics.ipynb #8cac7745
 def dts(orig_sex, pred_orig, pred_cf, direction: str) -> float:
     "Directional Triage Skew $\\mathrm{DTS}_{dir} = \\mathbb{P}^{\\uparrow}_{dir} - \\mathbb{P}^{\\downarrow}_{dir}$."
     return p_up(orig_sex, pred_orig, pred_cf, direction) - p_down(orig_sex, pred_orig, pred_cf, direction)
 
+# %% ../nbs/07_metrics.ipynb #6eb49d9f
 def nats_up(orig_sex, pred_orig, pred_cf) -> float:
     "$\\mathrm{NATS}(+) = \\mathbb{P}^{\\uparrow}_{F\\to M} - \\mathbb{P}^{\\uparrow}_{M\\to F}$."
     return p_up(orig_sex, pred_orig, pred_cf, "F_to_M") - p_up(orig_sex, pred_orig, pred_cf, "M_to_F")
 
+# %% ../nbs/07_metrics.ipynb #3fe288f4
 def nats_down(orig_sex, pred_orig, pred_cf) -> float:
     "$\\mathrm{NATS}(-) = \\mathbb{P}^{\\downarrow}_{F\\to M} - \\mathbb{P}^{\\downarrow}_{M\\to F}$."
     return p_down(orig_sex, pred_orig, pred_cf, "F_to_M") - p_down(orig_sex, pred_orig, pred_cf, "M_to_F")
 
+# %% ../nbs/07_metrics.ipynb #1b3fab4a
 def nmdf(orig_sex, pred_orig, pred_cf) -> float:
     "Net Mean Disadvantage for Females $\\mathrm{NMDF} = E[f(p^{female}) - f(p^{male})]$ over all pairs."
     s, y, yc = _arrays(orig_sex, pred_orig, pred_cf)
     female_minus_male = np.where(s == "M", yc - y, y - yc)
     return _mean(female_minus_male)
 
+# %% ../nbs/07_metrics.ipynb #340f8344
 def female_skew(orig_sex, pred_orig, pred_cf) -> float:
     "`DTS_M_to_F - DTS_F_to_M`: how much more likely the female variant is to get the higher (less severe) score."
     return dts(orig_sex, pred_orig, pred_cf, "M_to_F") - dts(orig_sex, pred_orig, pred_cf, "F_to_M")
 
+# %% ../nbs/07_metrics.ipynb #5a11feb8
 def point_metrics(orig_sex, pred_orig, pred_cf) -> dict[str, float]:
     "Every metric of `METRICS` for one pair set, straight from the formulas above."
     a = (orig_sex, pred_orig, pred_cf)
@@ -106,6 +114,7 @@ def _pair_sums(is_male: np.ndarray, diff: np.ndarray) -> np.ndarray:
     up, down = (diff > 0).astype(np.float64), (diff < 0).astype(np.float64)
     return np.stack([m, f, up * m, down * m, up * f, down * f, np.where(is_male, diff, -diff).astype(np.float64)], axis=-1)
 
+# %% ../nbs/07_metrics.ipynb #37c0e0f5
 def _metrics_from_sums(S: np.ndarray) -> np.ndarray:
     "Metrics (last axis in `METRICS` order) from sums (last axis in `_SUMS` order); any leading shape."
     nM, nF, uM, dM, uF, dF, fm = (S[..., i] for i in range(7))
@@ -117,6 +126,7 @@ def _metrics_from_sums(S: np.ndarray) -> np.ndarray:
                pu_fm - pu_mf, pd_fm - pd_mf, fm / n, dts_mf - dts_fm]
     return np.stack(out, axis=-1)
 
+# %% ../nbs/07_metrics.ipynb #ccb1e94f
 def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.random.Generator):
     """Bootstrap the pairs once for one or more prediction sets on the *same* pairs.
     `diffs` is (N, V): y' - y of V views (models or conditions) of each pair. Returns (observed sums (V, 7),
@@ -133,6 +143,7 @@ def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np
         obs.append(o); boot.append(draws @ F); jack.append(o[None, :] - F)
     return np.stack(obs), np.stack(boot), np.stack(jack), counts
 
+# %% ../nbs/07_metrics.ipynb #98870aed
 def _ci(theta: np.ndarray, boot: np.ndarray, jack: np.ndarray, jack_w: np.ndarray, method: str, confidence: float):
     "CIs per column. theta (M,), boot (B, M), jack (K, M) leave-one-out values with weights jack_w (K,)."
     alpha = (1 - confidence) / 2
@@ -161,6 +172,7 @@ def _ci(theta: np.ndarray, boot: np.ndarray, jack: np.ndarray, jack_w: np.ndarra
                 undefined[j] = True
     return lo, hi, n_left_out, undefined
 
+# %% ../nbs/07_metrics.ipynb #2b45d399
 def _check_ci_args(n_boot: int, ci_method: str, confidence: float):
     if ci_method not in ("percentile", "bca"):
         raise ValueError(f"ci_method must be 'percentile' or 'bca', got {ci_method!r}")
@@ -169,6 +181,7 @@ def _check_ci_args(n_boot: int, ci_method: str, confidence: float):
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
+# %% ../nbs/07_metrics.ipynb #bf7dd9ba
 def _rows(theta, lo, hi, n_left, undefined, n_by_dir, n_boot, n_total) -> pd.DataFrame:
     rows = []
     for j, name in enumerate(METRICS):
@@ -186,6 +199,7 @@ def _rows(theta, lo, hi, n_left, undefined, n_by_dir, n_boot, n_total) -> pd.Dat
         rows.append({"metric": name, "estimate": theta[j], "ci_low": lo[j], "ci_high": hi[j], "n_pairs": int(n), "remark": note})
     return pd.DataFrame(rows)
 
+# %% ../nbs/07_metrics.ipynb #64a325ac
 def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: int | np.random.Generator = 0,
                       ci_method: str = "percentile", confidence: float = 0.95) -> pd.DataFrame:
     """Every metric of one pair set with a bootstrap CI (`percentile` or `bca`) from `n_boot` resamples of pairs,
@@ -206,12 +220,12 @@ def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: in
 REQUIRED_COLUMNS = ("pair_id", "orig_sex", "pred_orig", "pred_cf", "condition")
 OPTIONAL_COLUMNS = ("model", "true_level")
 DEFAULT_MODEL = "model"
-CONDITION_ORDER = ("full", "text_iso", "tab_iso")
 
 def _examples(values, k: int = 3) -> str:
     vals = pd.Series(values).astype(str).value_counts()
     return ", ".join(f"{v!r} (x{c})" for v, c in vals.head(k).items())
 
+# %% ../nbs/07_metrics.ipynb #ab10bee1
 def _int_column(s: pd.Series, col: str, source: str) -> pd.Series:
     if pd.api.types.is_integer_dtype(s.dtype) and not s.isna().any():
         return s.astype(np.int64)
@@ -223,6 +237,7 @@ def _int_column(s: pd.Series, col: str, source: str) -> pd.Series:
                          f"(e.g. {_examples(s[bad])})")
     return num.astype(np.int64)
 
+# %% ../nbs/07_metrics.ipynb #17140e83
 def _text_column(s: pd.Series, col: str, source: str) -> pd.Series:
     t = s.astype("string")
     bad = t.isna() | (t.str.strip() == "")
@@ -230,6 +245,7 @@ def _text_column(s: pd.Series, col: str, source: str) -> pd.Series:
         raise ValueError(f"{source}: column {col!r} has {int(bad.sum())} empty value(s)")
     return t.astype(str)
 
+# %% ../nbs/07_metrics.ipynb #be424b0e
 def validate_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.DataFrame:
     "Check a pair table (see above) and return it with clean dtypes and a `model` column; `source` names it in errors."
     if len(df.columns) == 0 and len(df) == 0:
@@ -285,7 +301,7 @@ def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: st
     out = []
     for model in _ordered(p.model):
         pm = p[p.model == model]
-        for cond in _ordered(pm.condition, CONDITION_ORDER):
+        for cond in _ordered(pm.condition, VIEWS):
             g = pm[pm.condition == cond]
             t = bootstrap_metrics(g.orig_sex.to_numpy(), g.pred_orig.to_numpy(), g.pred_cf.to_numpy(), n_boot=n_boot,
                                   seed=_group_rng(seed, model, cond), ci_method=ci_method, confidence=confidence)
@@ -327,7 +343,7 @@ def discordance_by_level(pairs: pd.DataFrame) -> pd.DataFrame:
 
 def _sort_levels(t: pd.DataFrame) -> pd.DataFrame:
     mo = {m: i for i, m in enumerate(_ordered(t.model))}
-    co = {c: i for i, c in enumerate(_ordered(t.condition, CONDITION_ORDER))}
+    co = {c: i for i, c in enumerate(_ordered(t.condition, VIEWS))}
     key = t.model.map(mo) * 10**6 + t.condition.map(co) * 10**3
     return t.assign(_k=key).sort_values(["_k", "true_level"], kind="stable").drop(columns="_k").reset_index(drop=True)
 
@@ -432,7 +448,7 @@ def figure3_forest(t3: pd.DataFrame, title: str | None = None):
     "Forest plot of a `table3` (Figure 3): metrics × conditions with CIs, one column per model. Returns the figure."
     import matplotlib.pyplot as plt
     models = _ordered(t3.model)
-    conds = _ordered(t3.condition, CONDITION_ORDER)
+    conds = _ordered(t3.condition, VIEWS)
     props = [m for m in METRICS if m != "NMDF"]
     fig, axes = plt.subplots(2, len(models), figsize=(4.8 * len(models), 7.5), squeeze=False,
                              gridspec_kw={"height_ratios": [len(props), 1.6]}, sharey="row")

@@ -10,8 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import read_parquet, stage_setup, write_parquet
-from .counterfactuals import VIEWS, pair_views
+from .baselines import record_texts
+from .core import VIEWS, read_parquet, write_parquet
+from .counterfactuals import pair_views
+from .emulator import predict_views, proba_frame
+from .synth import oracle_proba
 
 # %% auto #0
 __all__ = ['pair_records', 'emulator_pair_predictions', 'oracle_pair_predictions', 'text_model_pair_predictions',
@@ -25,7 +28,6 @@ def pair_records(pairs: pd.DataFrame, text_fields: list[str]) -> tuple[pd.DataFr
 def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str,
                               out_dir: str | Path | None = None, progress: bool = False) -> pd.DataFrame:
     "Probability vectors of both sides of every pair in every view from an emulator backend (`triage_cf.emulator`)."
-    from triage_cf.emulator import predict_views
     x, xc = pair_records(pairs, text_fields)
     frames = []
     for side, recs in (("orig", x), ("cf", xc)):
@@ -38,8 +40,6 @@ def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fiel
 
 def oracle_pair_predictions(pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str, knobs: dict) -> pd.DataFrame:
     "The oracle's exact level distributions for both sides of every pair in every view (synthetic cohorts)."
-    from triage_cf.emulator import proba_frame
-    from triage_cf.synth import oracle_proba
     frames = []
     for view in VIEWS:
         x, xc = pair_views(pairs, view, text_fields)
@@ -55,8 +55,6 @@ def text_model_pair_predictions(proba_of, pairs: pd.DataFrame, text_fields: list
                                 lang: str, fields: list[str] | None = None) -> pd.DataFrame:
     """Both sides of every pair in every view from a model that reads the linearized record (FS, RF, MLP):
     `proba_of(texts)` returns an (n, k) probability array over `levels`; views are rendered as for the emulator."""
-    from triage_cf.baselines import record_texts
-    from triage_cf.emulator import proba_frame
     x, xc = pair_records(pairs, text_fields)
     frames = []
     for view in VIEWS:

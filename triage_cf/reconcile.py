@@ -125,6 +125,7 @@ class Check:
     detail: str = ""
     blame_inputs: bool = True  # False: a failure is charged to the target only (prose repeating a table)
 
+# %% ../nbs/07a_reconciliation.ipynb #7a2b91f0
 class _Book:
     "Registry of published numbers (id -> source, item, text, interval) and the checks made on them."
     def __init__(self):
@@ -147,11 +148,13 @@ class _Book:
         self.checks.append(Check(group, statement, target, t["printed"], (float(implied[0]), float(implied[1])),
                                  bool(ok), kind, tuple(inputs), detail, blame))
 
+# %% ../nbs/07a_reconciliation.ipynb #3bf2b240
 def _w(dataset: str) -> dict[str, float]:
     c = DIRECTION_COUNTS[dataset]
     n = c["M_to_F"] + c["F_to_M"]
     return {d: c[d] / n for d in c}
 
+# %% ../nbs/07a_reconciliation.ipynb #27e188ee
 def _table3_identities(book: _Book, col: str, ids: dict[str, str], group: str) -> None:
     "PDR, DTS, NATS and NMDF identities of one Table 3 column; `ids` maps metric -> number id."
     w = _w(COLUMN_DATASET[col])
@@ -170,6 +173,7 @@ def _table3_identities(book: _Book, col: str, ids: dict[str, str], group: str) -
                lin((w["M_to_F"] / 100, iv("DTS_M_to_F")), (-w["F_to_M"] / 100, iv("DTS_F_to_M"))),
                kind="conditional", inputs=[ids["DTS_M_to_F"], ids["DTS_F_to_M"]])
 
+# %% ../nbs/07a_reconciliation.ipynb #7223d2a3
 def _appendix_sums(dataset: str) -> dict[str, tuple[float, float]]:
     "Table 3's full-condition directional probabilities (percent) implied by Appendix C."
     _, pct, _, cnt = APPENDIX[dataset]
@@ -183,6 +187,7 @@ def _appendix_sums(dataset: str) -> dict[str, tuple[float, float]]:
         out[f"P_up_{d}"] = lin(*[(n_l[L] / n, rounding_interval(pct[L][gt_col])[1:]) for L in cnt])
     return out
 
+# %% ../nbs/07a_reconciliation.ipynb #9f74b173
 def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
     "Register every published number and run every check. Returns (numbers, checks) as DataFrames."
     book = _Book()

@@ -17,9 +17,18 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .core import read_parquet, sha256_text, write_json, write_parquet
-from .counterfactuals import VIEWS
-from .metrics import METRICS, table3
+from scipy.special import expit
+
+from .cohort import apply_cohort
+from .core import VIEWS, read_parquet, sha256_text, write_json, write_parquet
+from .counterfactuals import build_pairs
+from .data import load_records
+from .emulator import render_patient, render_prompts, system_instruction, train_emulator
+from .llm import LocalClient, bf16_pays, default_model_path, load_causal_lm, tiny_causal_lm, tiny_tokenizer
+from .metrics import METRICS, point_metrics, table3
+from .predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics
+from .split import stratified_split
+from .synth import CUTPOINTS, DEFAULT_KNOBS, LEVELS, exact_counterfactual_pair, oracle_latent, oracle_proba
 
 # %% auto #0
 __all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'SIGNED_METRICS', 'HEADLINE_METRICS', 'GRID_COLUMNS', 'RESULT_VERSION', 'TABLE_COLUMNS',
@@ -177,14 +186,13 @@ class RecoverySettings:
         d = {k: v for k, v in asdict(self).items() if k != "predict_batch_size"}
         return sha256_text(json.dumps([RESULT_VERSION, d, float(bias_tab), float(bias_text), int(seed)], sort_keys=True, default=str))[:16]
 
+# %% ../nbs/08_recovery.ipynb #e158d026
 def _synth_knobs(synth: Mapping | None) -> dict:
     "The generator knobs of a `synth` parameter block other than its size and the two planted biases."
     return {k: v for k, v in (synth or {}).items() if k not in ("n_records", "bias_tab", "bias_text")}
 
 def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: float, seed: int, n_records: int | None = None) -> pd.DataFrame:
     "The filtered cohort (stage 02's rules) of `n_records` synthetic visits generated with these knobs and `seed`."
-    from triage_cf.cohort import apply_cohort
-    from triage_cf.data import load_records
     if settings.manifest.get("loader") != "synth":
         raise ValueError(f"dataset {settings.dataset!r} is not synthetic (loader {settings.manifest.get('loader')!r}): "
                          "a planted-bias study needs the generator")
@@ -196,6 +204,7 @@ def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: flo
         raise ValueError(f"{settings.dataset}: the cohort of {synth['n_records']} generated visits is empty; raise recovery_n_records")
     return res.cohort
 
+# %% ../nbs/08_recovery.ipynb #8e507b29
 def stratified_subsample(df: pd.DataFrame, n: int | None, seed: int, by: Sequence[str]) -> pd.DataFrame:
     """A seeded subsample of `n` rows stratified by the columns `by` (strata of one row pooled), sorted by record_id;
     a plain seeded sample when `n` (or what is left) is smaller than the number of strata."""
@@ -210,13 +219,12 @@ def stratified_subsample(df: pd.DataFrame, n: int | None, seed: int, by: Sequenc
                                  stratify=strata if min(int(n), len(df) - int(n)) >= k else None)
     return df.sort_values("record_id").reset_index(drop=True)
 
+# %% ../nbs/08_recovery.ipynb #f1b65288
 def _oracle_knobs(settings: RecoverySettings, bias_tab: float, bias_text: float) -> dict:
     return {**_synth_knobs(settings.synth), "bias_tab": float(bias_tab), "bias_text": float(bias_text)}
 
 def planted_truth(settings: RecoverySettings, bias_tab: float, bias_text: float, n_records: int, seed: int) -> pd.DataFrame:
     "The estimand: the oracle's metrics on the exact counterfactual pairs of a large cohort with these knobs, per view."
-    from triage_cf.metrics import point_metrics
-    from triage_cf.synth import LEVELS, exact_counterfactual_pair, oracle_proba
     cohort = condition_cohort(settings, bias_tab, bias_text, seed, n_records)
     levels = np.array(sorted(int(l) for l in cohort["triage_level"].unique()))
     keep = levels - LEVELS[0]
@@ -232,8 +240,6 @@ def planted_truth(settings: RecoverySettings, bias_tab: float, bias_text: float,
 # %% ../nbs/08_recovery.ipynb #ad952a83
 def knob_standard_errors(records: pd.DataFrame, lang: str, knobs: Mapping, n: int) -> pd.DataFrame:
     "Ideal-learner standard error of `bias_tab` and `bias_text` from `n` visits like `records` labelled with `knobs` (see above)."
-    from scipy.special import expit
-    from triage_cf.synth import CUTPOINTS, DEFAULT_KNOBS, oracle_latent
     kn = {k: v for k, v in knobs.items()}
     sigma = float(kn.get("noise_scale", DEFAULT_KNOBS[lang]["noise_scale"]))
     mu = oracle_latent(records, lang, **kn)
@@ -260,28 +266,24 @@ def result_path(out_dir: str | Path, settings: RecoverySettings, cond: Mapping) 
     "Where a condition's result parquet goes (its JSON sidecar has the same stem)."
     return Path(out_dir) / f"{cond['condition']}_s{int(cond['seed'])}_{settings.key(cond['bias_tab'], cond['bias_text'], cond['seed'])}.parquet"
 
+# %% ../nbs/08_recovery.ipynb #4734d0e3
 def _emulator(settings: RecoverySettings, train: pd.DataFrame, levels: list[int], seed: int):
     "(model, tokenizer, lora?, base) of the emulator to fine-tune."
-    from triage_cf.emulator import default_model_path, load_causal_lm, render_patient, system_instruction, tiny_causal_lm, tiny_tokenizer
     if settings.model == "tiny-llama":
         corpus = [render_patient(r, "full", settings.lang, text_fields=settings.text_fields) for r in train.to_dict("records")]
         tok = tiny_tokenizer(corpus + [system_instruction(levels, settings.lang)], vocab_size=settings.vocab)
         return tiny_causal_lm("llama", tok, hidden_size=settings.hidden, num_layers=settings.layers, seed=seed), tok, False, None
     import torch
-    from triage_cf.emulator import bf16_pays
     base = default_model_path() if settings.model == "smollm2" else Path(settings.model)
     dev = "cuda" if torch.cuda.is_available() else None
     model, tok = load_causal_lm(base, dtype="bfloat16" if bf16_pays(dev or "cpu") else None, device=dev)
     return model, tok, True, base
 
+# %% ../nbs/08_recovery.ipynb #3bd5da39
 def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path, progress: bool = False) -> dict:
     "Train, pair, predict and store one grid row `cond` (see above); returns its summary (read back when already done)."
     import torch
     from sklearn.metrics import accuracy_score, cohen_kappa_score
-    from triage_cf.counterfactuals import build_pairs
-    from triage_cf.emulator import HFBackend, render_prompts, train_emulator
-    from triage_cf.predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics
-    from triage_cf.split import stratified_split
     out = result_path(out_dir, settings, cond)
     side = out.with_suffix(".json")
     if out.exists() and side.exists():
@@ -307,7 +309,7 @@ def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path
         res = train_emulator(model, tok, prompts, train["triage_level"].astype(int).tolist(), levels, work / "train",
                              epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr, patience=settings.patience,
                              max_length=settings.max_length, seed=seed, lora=lora, progress=progress)
-        backend = HFBackend(res.model, tok, levels, batch_size=settings.predict_batch_size, max_length=settings.max_length)
+        backend = LocalClient(res.model, tok, levels, batch_size=settings.predict_batch_size, max_length=settings.max_length)
         ft = emulator_pair_predictions(backend, tok, pairs, settings.text_fields, levels, settings.lang, out_dir=work / "pred",
                                        progress=progress)
         orc = oracle_pair_predictions(pairs, settings.text_fields, levels, settings.lang, _oracle_knobs(settings, bt, bx))
@@ -331,6 +333,7 @@ def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path
     shutil.rmtree(work, ignore_errors=True)
     return summary
 
+# %% ../nbs/08_recovery.ipynb #13e33c7b
 def _run_in_worker(cond: dict, settings: dict, out_dir: str) -> dict:
     "`run_condition` in a worker process (settings rebuilt from a dict)."
     return run_condition(cond, RecoverySettings(**settings), out_dir)
@@ -363,6 +366,7 @@ def run_grid(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path
         (out_dir / "work").rmdir()
     return pd.DataFrame([json.loads(result_path(out_dir, settings, c).with_suffix(".json").read_text()) for c in conds])
 
+# %% ../nbs/08_recovery.ipynb #e78a4abf
 def load_results(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path) -> pd.DataFrame:
     "The long pair tables of every grid row (one file per row, in grid order)."
     return pd.concat([read_parquet(result_path(out_dir, settings, c)) for c in grid.to_dict("records")], ignore_index=True)
@@ -385,11 +389,13 @@ def recovery_table(long: pd.DataFrame, grid: pd.DataFrame, truth: pd.DataFrame, 
                 how="left", validate="many_to_one")
     return add_checks(t.assign(dataset=dataset))[TABLE_COLUMNS]
 
+# %% ../nbs/08_recovery.ipynb #d13d2ca8
 def condition_label(condition: str, seed: int, grid: pd.DataFrame) -> str:
     "`none (seed 43)` for a replicated condition, else the condition's name."
     n = int((grid["condition"] == condition).sum())
     return f"{condition} (seed {seed})" if n > 1 else condition
 
+# %% ../nbs/08_recovery.ipynb #736e375f
 def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS, title: str | None = None):
     "Estimates with 95% CIs of FT and oracle vs the planted truth, per condition (rows), metric and view (panels)."
     import matplotlib.pyplot as plt

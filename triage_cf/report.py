@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import RunPaths, atomic_write_text, read_parquet, stage_setup, write_table
+from .core import RunPaths, atomic_write_text, read_parquet, suppress_small_cells, write_table
 
 # %% auto #0
 __all__ = ['table1_cohort', 'build_report']
@@ -51,7 +51,6 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = N
     per_level = [int(counts.get(lv, 0)) for lv in levels]
     hidden = [""] * len(levels)
     if min_cell is not None:
-        from triage_cf.governance import suppress_small_cells
         hidden = [v if isinstance(v, str) else "" for v in suppress_small_cells(pd.DataFrame({"n": per_level}), min_cell)["n"]]
     for lv, c, h in zip(levels, per_level, hidden):
         tag = " (most severe)" if lv == most_severe else " (least severe)" if lv == least_severe else ""

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import train_test_split
 
+from .core import suppress_small_cells
+
 # %% auto #0
 __all__ = ['stratified_split', 'split_balance', 'check_split', 'figure5_distributions']
 
@@ -54,10 +56,9 @@ def check_split(cohort: pd.DataFrame, split: pd.DataFrame, balance: pd.DataFrame
 
 # %% ../nbs/03_split.ipynb #262ad510
 def _suppressed(counts: np.ndarray, min_cell: int | None) -> np.ndarray:
-    "Per bar: '' when drawn, else the suppressed cell's text (governance.suppress_small_cells; `min_cell` None: all drawn)."
+    "Per bar: '' when drawn, else the suppressed cell's text (`suppress_small_cells`; `min_cell` None: all drawn)."
     if min_cell is None:
         return np.array([""] * len(counts), dtype=object)
-    from triage_cf.governance import suppress_small_cells
     s = suppress_small_cells(pd.DataFrame({"n": np.asarray(counts, dtype=int)}), min_cell)["n"].to_numpy()
     return np.array([v if isinstance(v, str) else "" for v in s], dtype=object)
 

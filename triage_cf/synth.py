@@ -8,73 +8,31 @@ from __future__ import annotations
 import math
 import random
 import re
+from importlib import resources
 from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+import yaml
+
+from .core import VIEWS
 
 # %% auto #0
 __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES', 'CUTPOINTS', 'LEVELS', 'LANG_OFFSET',
            'LANG_SCALE', 'TEXT_FIELDS', 'ORACLE_COLUMNS', 'DEFAULT_KNOBS', 'ORACLE_KNOBS', 'RAW_COLUMNS',
-           'EXTRA_COLUMNS', 'OTHER_SEX_COLUMNS', 'CUE_COLUMN', 'SEX_SPECIFIC_COLUMN', 'VIEWS', 'text_sex_cue',
+           'EXTRA_COLUMNS', 'OTHER_SEX_COLUMNS', 'CUE_COLUMN', 'SEX_SPECIFIC_COLUMN', 'text_sex_cue',
            'severity_phrases', 'oracle_latent', 'oracle_proba', 'oracle_predict', 'render', 'other_sex_columns',
            'generate_raw', 'exact_counterfactual_pair']
 
+# %% ../nbs/01a_synth.ipynb #35f67d2c
+def _resource(name: str):
+    "A phrase or template table of the generator, read from `triage_cf/resources/synth/<name>.yaml`."
+    with (resources.files("triage_cf") / "resources" / "synth" / f"{name}.yaml").open(encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
 # %% ../nbs/01a_synth.ipynb #8ccfaabd
-_CC_ROWS = [
-    # code,     group,     beta, pain, w_fr, w_en, sex,  label_fr,                                     label_en
-    ("CARD01", "cardio",   2.70, 4, 5.00, 9.00, None, "Douleur thoracique",                          "Chest pain"),
-    ("CARD02", "cardio",   3.30, 1, 2.00, 2.50, None, "Palpitations",                                "Palpitations"),
-    ("CARD03", "cardio",   0.60, 0, 0.25, 0.80, None, "Arrêt cardio-respiratoire",                   "Cardiac arrest"),
-    ("CARD04", "cardio",   3.60, 2, 1.00, 1.20, None, "Hypertension artérielle",                     "Hypertension"),
-    ("CARD05", "cardio",   3.70, 2, 1.00, 1.00, None, "Œdème des membres inférieurs",                "Leg swelling"),
-    ("RESP01", "resp",     2.70, 1, 5.00, 6.00, None, "Dyspnée",                                     "Shortness of breath"),
-    ("RESP02", "resp",     3.80, 1, 2.00, 1.00, None, "Toux",                                        "Cough"),
-    ("RESP03", "resp",     2.90, 1, 0.50, 0.50, None, "Hémoptysie",                                  "Hemoptysis"),
-    ("NEUR01", "neuro",    2.00, 1, 2.00, 3.00, None, "Déficit neurologique focal",                  "Stroke symptoms"),
-    ("NEUR02", "neuro",    3.40, 6, 3.00, 3.00, None, "Céphalée",                                    "Headache"),
-    ("NEUR03", "neuro",    3.10, 1, 4.00, 4.50, None, "Malaise",                                     "Syncope"),
-    ("NEUR04", "neuro",    2.40, 1, 1.50, 1.50, None, "Convulsions",                                 "Seizure"),
-    ("NEUR05", "neuro",    3.60, 1, 2.00, 2.00, None, "Vertiges",                                    "Dizziness"),
-    ("NEUR06", "neuro",    2.50, 1, 1.50, 3.00, None, "Confusion",                                   "Altered mental status"),
-    ("DIGE01", "digest",   3.30, 6, 9.00, 7.00, None, "Douleur abdominale",                          "Abdominal pain"),
-    ("DIGE02", "digest",   3.70, 2, 2.00, 2.50, None, "Vomissements",                                "Nausea and vomiting"),
-    ("DIGE03", "digest",   4.00, 2, 1.00, 0.50, None, "Diarrhée",                                    "Diarrhea"),
-    ("DIGE04", "digest",   2.60, 2, 1.00, 1.50, None, "Hémorragie digestive",                        "GI bleed"),
-    ("DIGE05", "digest",   4.10, 3, 0.80, 0.30, None, "Constipation",                                "Constipation"),
-    ("INFE01", "infect",   3.40, 1, 3.00, 3.00, None, "Fièvre",                                      "Fever"),
-    ("TRAU01", "trauma",   3.90, 5, 6.00, 1.20, None, "Traumatisme du membre supérieur",             "Arm injury"),
-    ("TRAU02", "trauma",   3.80, 5, 7.00, 1.20, None, "Traumatisme du membre inférieur",             "Leg injury"),
-    ("TRAU03", "trauma",   3.20, 3, 3.00, 2.00, None, "Traumatisme crânien",                         "Head injury"),
-    ("TRAU04", "trauma",   4.10, 3, 4.00, 0.40, None, "Plaie",                                       "Laceration"),
-    ("TRAU05", "trauma",   3.50, 3, 4.00, 4.00, None, "Chute",                                       "Fall"),
-    ("TRAU06", "trauma",   3.50, 5, 0.80, 0.40, None, "Brûlure",                                     "Burn"),
-    ("TRAU07", "trauma",   1.80, 6, 0.50, 0.80, None, "Polytraumatisme",                             "Multiple trauma"),
-    ("RHUM01", "rheum",    4.00, 6, 3.00, 0.80, None, "Lombalgie",                                   "Back pain"),
-    ("RHUM02", "rheum",    4.20, 5, 2.00, 0.30, None, "Douleur articulaire",                         "Joint pain"),
-    ("URIN01", "uro",      3.20, 8, 2.00, 1.50, None, "Colique néphrétique",                         "Flank pain"),
-    ("URIN02", "uro",      4.10, 3, 1.50, 0.40, None, "Brûlures mictionnelles",                      "Dysuria"),
-    ("DERM01", "skin",     4.30, 1, 2.00, 0.20, None, "Éruption cutanée",                            "Rash"),
-    ("DERM02", "skin",     4.10, 4, 1.50, 0.40, None, "Abcès",                                       "Abscess"),
-    ("ORLX01", "ent",      4.40, 4, 1.50, 0.20, None, "Mal de gorge",                                "Sore throat"),
-    ("OPHT01", "eye",      4.00, 3, 1.50, 0.30, None, "Problème oculaire",                           "Eye problem"),
-    ("PSYC01", "psy",      3.80, 0, 2.00, 0.80, None, "Anxiété",                                     "Anxiety"),
-    ("PSYC02", "psy",      2.90, 0, 1.50, 2.00, None, "Idées suicidaires",                           "Suicidal ideation"),
-    ("TOXI01", "tox",      2.50, 0, 1.50, 1.50, None, "Intoxication médicamenteuse volontaire",      "Overdose"),
-    ("TOXI02", "tox",      3.40, 0, 2.00, 2.50, None, "Intoxication éthylique",                      "Alcohol intoxication"),
-    ("ALLE01", "allergy",  3.00, 1, 1.00, 1.00, None, "Réaction allergique",                         "Allergic reaction"),
-    ("META01", "metab",    3.10, 0, 1.00, 1.50, None, "Trouble glycémique",                          "Hyperglycemia"),
-    ("GENE01", "general",  3.60, 1, 3.00, 3.00, None, "Asthénie",                                    "Weakness"),
-    ("ADMI01", "admin",    6.00, 0, 2.50, 1.00, None, "Renouvellement d'ordonnance",                 "Medication refill"),
-    # sex-specific classes of Appendix A (the cohort stage removes them)
-    ("GENI01", "genital",  3.40, 5, 1.50, 1.50, None, "Douleur pelvienne ou génitale récente",       "Recent pelvic or genital pain"),
-    ("GENI02", "genital",  4.00, 1, 1.00, 1.00, "F",  "Problème uro-génital féminin sans douleur",   "Female urogenital problem without pain"),
-    ("GENI03", "genital",  4.00, 1, 0.70, 0.70, "M",  "Problème uro-génital masculin sans douleur",  "Male urogenital problem without pain"),
-    ("GENI04", "genital",  3.30, 2, 1.20, 1.20, "F",  "Saignement génital féminin",                  "Female genital bleeding"),
-    ("GENI05", "genital",  3.40, 2, 0.30, 0.30, "M",  "Saignement génital masculin",                 "Male genital bleeding"),
-    ("GENI06", "genital",  3.60, 3, 0.30, 0.30, None, "Corps étranger des voies génito-urinaires",   "Foreign body in the genitourinary tract"),
-]
-CC_CLASSES = pd.DataFrame(_CC_ROWS, columns=["code", "group", "beta", "pain_mean", "w_fr", "w_en", "sex", "label_fr", "label_en"])
+_CLASSES = _resource("complaint_classes")   # complaint_classes.yaml: one row per class
+CC_CLASSES = pd.DataFrame(_CLASSES["rows"], columns=_CLASSES["columns"])
 #: Appendix A sex-specific chief-complaint classes (codes), removed by the cohort stage.
 SEX_SPECIFIC_CC = tuple(CC_CLASSES.loc[CC_CLASSES.group == "genital", "code"])
 _BETA = dict(zip(CC_CLASSES.code, CC_CLASSES.beta))
@@ -82,239 +40,16 @@ _BETA = dict(zip(CC_CLASSES.code, CC_CLASSES.beta))
 BETA_MISSING_CC = 3.3
 
 # %% ../nbs/01a_synth.ipynb #bb3dba0f
-_CC_TEXT = {
- "CARD01": dict(
-   fr_motif=["une douleur thoracique", "une DT", "une douleur rétrosternale", "une oppression thoracique"],
-   fr_detail=["Douleur rétrosternale apparue au repos.", "Douleur latéro-thoracique gauche majorée à l'inspiration.",
-              "Douleur à type de brûlure, non positionnelle.", "Sans irradiation.", "ECG fait par le SAMU : RAS."],
-   en_cc=["Chest pain", "CHEST PAIN", "CP", "Chest pain, Dyspnea"],
-   en_motif=["chest pain", "CP", "chest pressure", "substernal chest pain"],
-   en_detail=["Pain is substernal, started at rest.", "Pleuritic L sided chest pain, worse w/ deep breath.",
-              "Burning CP after meals.", "Non radiating.", "ECG by EMS w/o STE."]),
- "CARD02": dict(
-   fr_motif=["des palpitations", "une sensation de cœur rapide"], fr_detail=["Palpitations par accès depuis ce matin.",
-   "Pas de douleur thoracique associée.", "Épisode similaire l'an dernier."],
-   en_cc=["Palpitations", "PALPITATIONS", "Heart racing"], en_motif=["palpitations", "racing heart"],
-   en_detail=["Intermittent palpitations since this AM.", "No associated CP.", "Similar episode last year."]),
- "CARD03": dict(
-   fr_motif=["un arrêt cardio-respiratoire", "un ACR"], fr_detail=["RCP débutée par un témoin.", "MCE par les pompiers, choc délivré x2.",
-   "Reprise d'activité circulatoire après 12 min."],
-   en_cc=["Cardiac arrest", "CARDIAC ARREST", "s/p arrest"], en_motif=["cardiac arrest", "unresponsiveness"],
-   en_detail=["Bystander CPR initiated.", "Shocked x2 by EMS.", "ROSC after 12 min."]),
- "CARD04": dict(
-   fr_motif=["une HTA", "des chiffres tensionnels élevés"], fr_detail=["TA élevée mesurée en pharmacie.", "Céphalées modérées associées.",
-   "Traitement antihypertenseur arrêté depuis 1 semaine."],
-   en_cc=["Hypertension", "HTN", "Elevated BP"], en_motif=["elevated BP", "hypertension"],
-   en_detail=["BP elevated at pharmacy.", "Mild HA associated.", "Ran out of BP meds 1 wk ago."]),
- "CARD05": dict(
-   fr_motif=["un œdème des membres inférieurs", "des jambes gonflées"], fr_detail=["Œdème bilatéral prenant le godet.",
-   "Mollet droit douloureux.", "Prise de poids de 3 kg en 1 semaine."],
-   en_cc=["Leg swelling", "LE edema", "Leg pain"], en_motif=["leg swelling", "bilateral LE edema"],
-   en_detail=["Pitting edema bilat.", "R calf tender.", "3 kg wt gain over 1 wk."]),
- "RESP01": dict(
-   fr_motif=["une dyspnée", "un essoufflement", "une gêne respiratoire"], fr_detail=["Dyspnée d'effort majorée depuis 3 jours.",
-   "Toux grasse associée.", "Sibilants à l'auscultation selon le médecin traitant.", "Orthopnée."],
-   en_cc=["Dyspnea", "SOB", "Shortness of breath", "DYSPNEA"], en_motif=["SOB", "shortness of breath", "dyspnea"],
-   en_detail=["DOE worse over 3 days.", "Productive cough.", "Wheezing per PCP.", "Orthopnea."]),
- "RESP02": dict(
-   fr_motif=["une toux", "une toux fébrile"], fr_detail=["Toux sèche depuis une semaine.", "Expectorations jaunâtres.", "Notion de contage familial."],
-   en_cc=["Cough", "COUGH", "Cough, Fever"], en_motif=["cough", "cough x1 wk"],
-   en_detail=["Dry cough x1 wk.", "Yellow sputum.", "Sick contacts at home."]),
- "RESP03": dict(
-   fr_motif=["une hémoptysie", "des crachats sanglants"], fr_detail=["Deux épisodes de crachats sanglants ce matin.", "Sous anticoagulant."],
-   en_cc=["Hemoptysis", "Coughing up blood"], en_motif=["hemoptysis", "coughing up blood"],
-   en_detail=["2 episodes of blood tinged sputum this AM.", "On anticoagulation."]),
- "NEUR01": dict(
-   fr_motif=["un déficit de l'hémicorps droit", "une faiblesse du bras gauche", "une paralysie faciale"],
-   fr_detail=["Début brutal à 7h au réveil.", "Dernière heure vue normale à 22h hier.", "Alerte thrombolyse déclenchée."],
-   en_cc=["Stroke symptoms", "R sided weakness", "Facial droop", "CVA"], en_motif=["R sided weakness", "L arm weakness", "stroke sx"],
-   en_detail=["Sudden onset at 0700 on waking.", "LKW 2200 last night.", "Code stroke called."]),
- "NEUR02": dict(
-   fr_motif=["des céphalées", "une céphalée inhabituelle"], fr_detail=["Céphalée frontale progressive.", "Photophobie.",
-   "Pas de raideur de nuque.", "Migraine habituelle selon ses dires."],
-   en_cc=["Headache", "HEADACHE", "HA"], en_motif=["headache", "HA", "worst headache"],
-   en_detail=["Frontal HA gradual onset.", "Photophobia.", "No neck stiffness.", "Typical of migraines per pt."]),
- "NEUR03": dict(
-   fr_motif=["un malaise", "un malaise avec chute", "une lipothymie"], fr_detail=["Malaise en se levant.", "Prodromes à type de flou visuel.",
-   "Récupération rapide.", "Glycémie capillaire normale."],
-   en_cc=["Syncope", "SYNCOPE", "Near syncope", "s/p Fall, Syncope"], en_motif=["syncope", "near syncope", "a syncopal episode"],
-   en_detail=["Felt lightheaded on standing.", "Blurred vision prior.", "Quick recovery.", "FSBG normal."]),
- "NEUR04": dict(
-   fr_motif=["une crise convulsive", "des convulsions"], fr_detail=["Crise tonico-clonique de 2 minutes.", "Morsure de langue.", "Phase post-critique."],
-   en_cc=["Seizure", "SEIZURE", "Sz"], en_motif=["seizure", "witnessed seizure"],
-   en_detail=["Tonic clonic activity x2 min.", "Tongue bite.", "Post ictal on arrival."]),
- "NEUR05": dict(
-   fr_motif=["des vertiges", "des sensations vertigineuses"], fr_detail=["Vertige rotatoire aux changements de position.", "Nausées associées.",
-   "Pas de trouble de la marche."],
-   en_cc=["Dizziness", "DIZZINESS", "Vertigo"], en_motif=["dizziness", "vertigo"],
-   en_detail=["Room spinning w/ position changes.", "Nausea.", "Gait steady."]),
- "NEUR06": dict(
-   fr_motif=["une confusion", "un syndrome confusionnel"], fr_detail=["Désorientation temporo-spatiale.", "Propos incohérents depuis hier.",
-   "Infection urinaire récente."],
-   en_cc=["Altered mental status", "AMS", "Confusion"], en_motif=["AMS", "confusion", "altered mental status"],
-   en_detail=["Disoriented to time and place.", "Incoherent speech since yesterday.", "Recent UTI."]),
- "DIGE01": dict(
-   fr_motif=["une douleur abdominale", "des douleurs abdominales", "une DA", "une douleur épigastrique"],
-   fr_detail=["Douleur en fosse iliaque droite.", "Douleur épigastrique post-prandiale.", "Nausées sans vomissement.",
-              "Transit conservé.", "Dernières selles hier."],
-   en_cc=["Abd pain", "ABD PAIN", "Abdominal pain", "RLQ pain", "Epigastric pain"],
-   en_motif=["abd pain", "abdominal pain", "RLQ pain", "epigastric pain"],
-   en_detail=["RLQ pain.", "Epigastric pain after meals.", "Nausea w/o vomiting.", "Normal BMs.", "Last BM yesterday."]),
- "DIGE02": dict(
-   fr_motif=["des vomissements", "des nausées et vomissements"], fr_detail=["Vomissements alimentaires x5.", "Ne tolère plus les liquides.",
-   "Contage familial."],
-   en_cc=["N/V", "Nausea/Vomiting", "Vomiting"], en_motif=["N/V", "nausea and vomiting", "vomiting"],
-   en_detail=["Emesis x5 today.", "Unable to tolerate PO.", "Sick contacts."]),
- "DIGE03": dict(
-   fr_motif=["une diarrhée", "des selles liquides"], fr_detail=["6 selles liquides par jour.", "Retour de voyage récent.", "Pas de sang dans les selles."],
-   en_cc=["Diarrhea", "DIARRHEA"], en_motif=["diarrhea", "loose stools"],
-   en_detail=["6 loose BMs/day.", "Recent travel.", "No blood in stool."]),
- "DIGE04": dict(
-   fr_motif=["un méléna", "une hématémèse", "des rectorragies"], fr_detail=["Selles noires depuis 2 jours.", "Sous AAP.", "Vomissement de sang rouge x1."],
-   en_cc=["GI bleed", "BRBPR", "Melena", "Hematemesis"], en_motif=["melena", "hematemesis", "BRBPR"],
-   en_detail=["Black stools x2 days.", "On aspirin.", "Vomited bright red blood x1."]),
- "DIGE05": dict(
-   fr_motif=["une constipation", "un arrêt du transit"], fr_detail=["Pas de selles depuis 5 jours.", "Gaz conservés."],
-   en_cc=["Constipation", "CONSTIPATION"], en_motif=["constipation"],
-   en_detail=["No BM x5 days.", "Passing flatus."]),
- "INFE01": dict(
-   fr_motif=["une fièvre", "une hyperthermie", "des frissons"], fr_detail=["Fièvre à 39 depuis 48h.", "Frissons.", "Toux associée.",
-   "Sous antibiotique depuis 2 jours."],
-   en_cc=["Fever", "FEVER", "Fever, Chills"], en_motif=["fever", "fevers and chills"],
-   en_detail=["Tmax 102.4 at home x48h.", "Chills.", "Assoc cough.", "On abx x2 days."]),
- "TRAU01": dict(
-   fr_motif=["un traumatisme du poignet", "une douleur de l'épaule après une chute", "un traumatisme de la main"],
-   fr_detail=["Chute de sa hauteur, réception sur la main.", "Impotence fonctionnelle.", "Œdème du poignet."],
-   en_cc=["R Wrist pain", "L Shoulder injury", "Hand injury", "Arm pain"], en_motif=["wrist injury", "shoulder pain after a fall", "hand injury"],
-   en_detail=["FOOSH.", "Unable to move arm.", "Wrist swelling."]),
- "TRAU02": dict(
-   fr_motif=["une entorse de cheville", "un traumatisme du genou", "une douleur de hanche après une chute"],
-   fr_detail=["Torsion de cheville au sport.", "Appui impossible.", "Hématome de la cuisse."],
-   en_cc=["Ankle injury", "L Knee pain", "Hip pain", "Leg injury"], en_motif=["ankle sprain", "knee injury", "hip pain after a fall"],
-   en_detail=["Twisted ankle playing soccer.", "Unable to bear weight.", "Thigh hematoma."]),
- "TRAU03": dict(
-   fr_motif=["un traumatisme crânien", "un TC"], fr_detail=["Choc frontal contre un placard.", "Sous AOD.", "Céphalées depuis le choc."],
-   en_cc=["Head injury", "HEAD INJURY", "s/p Fall, Head strike"], en_motif=["head injury", "head strike"],
-   en_detail=["Hit forehead on cabinet.", "On apixaban.", "HA since.", ]),
- "TRAU04": dict(
-   fr_motif=["une plaie de la main", "une plaie du cuir chevelu", "une plaie de l'avant-bras"],
-   fr_detail=["Plaie par couteau de cuisine.", "Saignement contrôlé par pansement compressif.", "Vaccin antitétanique à jour."],
-   en_cc=["Laceration", "Hand laceration", "Scalp lac"], en_motif=["hand laceration", "scalp laceration", "forearm lac"],
-   en_detail=["Cut w/ kitchen knife.", "Bleeding controlled w/ pressure dressing.", "Tetanus UTD."]),
- "TRAU05": dict(
-   fr_motif=["une chute", "une chute de sa hauteur"], fr_detail=["Chute mécanique.", "Station au sol prolongée.", "Pas de notion de malaise."],
-   en_cc=["Fall", "s/p Fall", "FALL"], en_motif=["a fall", "mechanical fall"],
-   en_detail=["Mechanical fall.", "Long lie.", "No prodrome."]),
- "TRAU06": dict(
-   fr_motif=["une brûlure", "une brûlure de la main"], fr_detail=["Brûlure par eau bouillante.", "Phlyctènes.", "Refroidie sous l'eau 15 min."],
-   en_cc=["Burn", "Hand burn"], en_motif=["a burn", "hand burn"],
-   en_detail=["Boiling water burn.", "Blistering.", "Cooled under water 15 min."]),
- "TRAU07": dict(
-   fr_motif=["un AVP", "un accident de la voie publique à haute cinétique", "une chute d'un échafaudage"],
-   fr_detail=["Désincarcération longue.", "Éjection du véhicule.", "Chute de 4 mètres."],
-   en_cc=["MVC", "Trauma", "MVC, Multiple injuries"], en_motif=["MVC", "high speed MVC", "fall from scaffolding"],
-   en_detail=["Prolonged extrication.", "Ejected from vehicle.", "Fall from 12 ft."]),
- "RHUM01": dict(
-   fr_motif=["une lombalgie", "des lombalgies", "une douleur lombaire"], fr_detail=["Lombalgie après un effort de soulèvement.",
-   "Pas de trouble sphinctérien.", "Pas de fièvre."],
-   en_cc=["Back pain", "LOW BACK PAIN", "Back pain"], en_motif=["low back pain", "back pain"],
-   en_detail=["Lifting injury.", "No bowel/bladder incontinence.", "No fevers."]),
- "RHUM02": dict(
-   fr_motif=["une douleur du genou", "une douleur articulaire"], fr_detail=["Genou chaud et gonflé.", "Antécédent de crise de goutte."],
-   en_cc=["Joint pain", "Knee pain", "L knee swelling"], en_motif=["knee pain", "joint pain"],
-   en_detail=["Knee warm and swollen.", "Hx gout flares."]),
- "URIN01": dict(
-   fr_motif=["une colique néphrétique", "une douleur du flanc droit"], fr_detail=["Douleur lombaire irradiant vers l'aine.", "Hématurie.", "Agitation antalgique."],
-   en_cc=["Flank pain", "R Flank pain", "Kidney stone"], en_motif=["flank pain", "R flank pain"],
-   en_detail=["Flank pain radiating to groin.", "Hematuria.", "Writhing in pain."]),
- "URIN02": dict(
-   fr_motif=["des brûlures mictionnelles", "une dysurie"], fr_detail=["Pollakiurie.", "Pas de fièvre.", "Urines troubles."],
-   en_cc=["Dysuria", "UTI sx"], en_motif=["dysuria", "UTI symptoms"],
-   en_detail=["Urinary frequency.", "No fever.", "Cloudy urine."]),
- "DERM01": dict(
-   fr_motif=["une éruption cutanée", "des plaques urticariennes"], fr_detail=["Éruption prurigineuse du tronc.", "Nouveau traitement débuté il y a 3 jours."],
-   en_cc=["Rash", "RASH"], en_motif=["rash", "itchy rash"],
-   en_detail=["Pruritic rash on trunk.", "New med started 3 days ago."]),
- "DERM02": dict(
-   fr_motif=["un abcès", "un abcès de la fesse"], fr_detail=["Tuméfaction rouge et chaude.", "Collection fluctuante."],
-   en_cc=["Abscess", "Buttock abscess"], en_motif=["abscess", "buttock abscess"],
-   en_detail=["Red warm swelling.", "Fluctuant collection."]),
- "ORLX01": dict(
-   fr_motif=["un mal de gorge", "une odynophagie"], fr_detail=["Odynophagie depuis 3 jours.", "Trismus léger."],
-   en_cc=["Sore throat", "ST"], en_motif=["sore throat"], en_detail=["Painful swallowing x3 days.", "Mild trismus."]),
- "OPHT01": dict(
-   fr_motif=["un œil rouge", "une baisse de vision"], fr_detail=["Corps étranger oculaire probable en meulant.", "Larmoiement."],
-   en_cc=["Eye pain", "R Eye redness", "Visual changes"], en_motif=["eye pain", "red eye", "vision changes"],
-   en_detail=["Possible FB while grinding metal.", "Tearing."]),
- "PSYC01": dict(
-   fr_motif=["une crise d'angoisse", "une anxiété"], fr_detail=["Sensation d'oppression et de fourmillements.", "Contexte de conflit au travail."],
-   en_cc=["Anxiety", "Panic attack"], en_motif=["anxiety", "a panic attack"],
-   en_detail=["Chest tightness and tingling.", "Stress at work."]),
- "PSYC02": dict(
-   fr_motif=["des idées suicidaires", "des idées noires"], fr_detail=["Idées suicidaires depuis une semaine.", "Prise en charge au CMP."],
-   en_cc=["Suicidal ideation", "SI", "Depression, SI"], en_motif=["SI", "suicidal ideation"],
-   en_detail=["SI x1 wk.", "Followed by outpatient psych."]),
- "TOXI01": dict(
-   fr_motif=["une IMV", "une intoxication médicamenteuse volontaire"], fr_detail=["Ingestion de 20 cp de paracétamol.",
-   "Prise de benzodiazépines vers 18h.", "Lettre retrouvée."],
-   en_cc=["Overdose", "Ingestion", "OD"], en_motif=["intentional ingestion", "overdose"],
-   en_detail=["Ingested ~20 tabs acetaminophen.", "Took benzos around 1800.", "Note found."]),
- "TOXI02": dict(
-   fr_motif=["une alcoolisation aiguë", "une ivresse"], fr_detail=["Alcoolisation sur la voie publique.", "Haleine œnolique."],
-   en_cc=["ETOH", "Intoxication", "ETOH intox"], en_motif=["ETOH intoxication", "acute intoxication"],
-   en_detail=["Found intoxicated on street.", "Smells of ETOH."]),
- "ALLE01": dict(
-   fr_motif=["une réaction allergique", "un œdème des lèvres"], fr_detail=["Après ingestion d'arachide.", "Prurit généralisé.", "Adrénaline IM par les pompiers."],
-   en_cc=["Allergic reaction", "Lip swelling"], en_motif=["allergic reaction", "lip swelling"],
-   en_detail=["After peanut exposure.", "Diffuse pruritus.", "IM epi by EMS."]),
- "META01": dict(
-   fr_motif=["une hyperglycémie", "une hypoglycémie"], fr_detail=["Glycémie capillaire à 4 g/L.", "Glycémie à 0,45 g/L au domicile."],
-   en_cc=["Hyperglycemia", "Hypoglycemia", "High blood sugar"], en_motif=["hyperglycemia", "hypoglycemia"],
-   en_detail=["FSBG 410 at home.", "FSBG 45 at home."]),
- "GENE01": dict(
-   fr_motif=["une asthénie", "une fatigue intense", "une faiblesse généralisée"], fr_detail=["Asthénie progressive depuis 2 semaines.",
-   "Perte d'appétit.", "Amaigrissement de 4 kg."],
-   en_cc=["Weakness", "Generalized weakness", "Fatigue"], en_motif=["generalized weakness", "fatigue"],
-   en_detail=["Progressive fatigue x2 wks.", "Poor PO intake.", "4 kg wt loss."]),
- "ADMI01": dict(
-   fr_motif=["un renouvellement d'ordonnance", "un certificat médical"], fr_detail=["Médecin traitant indisponible.", "Demande un certificat de coups."],
-   en_cc=["Med refill", "Medication refill", "Rx refill"], en_motif=["a medication refill", "a prescription refill"],
-   en_detail=["PCP unavailable.", "Ran out of meds."]),
- "GENI01": dict(
-   fr_motif=["une douleur pelvienne", "une douleur génitale"], fr_detail=["Douleur pelvienne d'apparition brutale.", "Pas de brûlure mictionnelle."],
-   en_cc=["Pelvic pain", "Groin pain"], en_motif=["pelvic pain", "groin pain"],
-   en_detail=["Sudden onset pelvic pain.", "No dysuria."]),
- "GENI02": dict(
-   fr_motif=["des pertes vaginales", "un problème gynécologique"], fr_detail=["Pertes vaginales malodorantes.", "Consultation gynéco prévue."],
-   en_cc=["Vaginal discharge"], en_motif=["vaginal discharge"], en_detail=["Malodorous vaginal discharge.", "Follows w/ gynecology."]),
- "GENI03": dict(
-   fr_motif=["un écoulement urétral", "une tuméfaction scrotale"], fr_detail=["Tuméfaction scrotale indolore.", "Écoulement purulent."],
-   en_cc=["Penile discharge", "Scrotal swelling"], en_motif=["penile discharge", "scrotal swelling"], en_detail=["Painless scrotal swelling.", "Purulent discharge."]),
- "GENI04": dict(
-   fr_motif=["des métrorragies", "un saignement vaginal"], fr_detail=["Saignement vaginal abondant.", "Dernières règles il y a 6 semaines."],
-   en_cc=["Vaginal bleeding", "VAGINAL BLEEDING"], en_motif=["vaginal bleeding"], en_detail=["Heavy vaginal bleeding.", "LMP 6 wks ago, no menses since."]),
- "GENI05": dict(
-   fr_motif=["une hématurie avec saignement urétral", "un saignement pénien"], fr_detail=["Saignement au niveau du pénis après sondage.", "Caillots."],
-   en_cc=["Penile bleeding", "Bleeding from penis"], en_motif=["penile bleeding"], en_detail=["Penile bleeding after foley removal.", "Clots."]),
- "GENI06": dict(
-   fr_motif=["un corps étranger génito-urinaire", "un corps étranger urétral"], fr_detail=["Corps étranger introduit la veille.", "Rétention d'urines."],
-   en_cc=["Foreign body GU", "GU foreign body"], en_motif=["a GU foreign body"], en_detail=["FB inserted last night.", "Urinary retention."]),
-}
+_CC_TEXT = _resource("complaint_text")   # complaint_text.yaml: per class code, the phrases of the notes
 assert set(_CC_TEXT) == set(CC_CLASSES.code), set(CC_CLASSES.code) ^ set(_CC_TEXT)
 
 # %% ../nbs/01a_synth.ipynb #23441b82
-_FR_AGREE = [  # (masculine, feminine) forms that agree with the patient; cues only at the start of a sentence
-    ("âgé", "âgée"), ("connu", "connue"), ("amené", "amenée"), ("adressé", "adressée"), ("retrouvé", "retrouvée"),
-    ("accompagné", "accompagnée"), ("suivi", "suivie"), ("opéré", "opérée"), ("hospitalisé", "hospitalisée"),
-    ("tombé", "tombée"), ("allongé", "allongée"), ("agité", "agitée"), ("fatigué", "fatiguée"), ("venu", "venue"),
-    ("anxieux", "anxieuse"), ("inquiet", "inquiète"), ("seul", "seule"), ("veuf", "veuve"), ("sportif", "sportive"),
-    ("fumeur", "fumeuse"), ("ancien", "ancienne"), ("conscient", "consciente"), ("confus", "confuse"),
-    ("orienté", "orientée"), ("gêné", "gênée"), ("marié", "mariée"), ("retraité", "retraitée"),
-]
+_CUES = _resource("cues")   # cues.yaml
+_FR_AGREE = [tuple(p) for p in _CUES["fr_agree"]]  # (masculine, feminine) forms that agree with the patient; cues only at the start of a sentence
 _FR_AGREE_M = {m for m, f in _FR_AGREE}
 _FR_AGREE_F = {f for m, f in _FR_AGREE}
-_FR_POSSESSIVES = {"sa", "son", "ses", "ma", "mon", "mes", "ta", "ton", "tes", "leur", "leurs", "notre", "votre", "nos", "vos"}
-_FR_IMPERSONAL_NEXT = {"y", "n'y", "faut", "fallait", "s'agit", "s'agissait", "existe", "existait"}
+_FR_POSSESSIVES = set(_CUES["fr_possessives"])
+_FR_IMPERSONAL_NEXT = set(_CUES["fr_impersonal_next"])
 _WORD = re.compile(r"[A-Za-zÀ-ÖØ-öø-ÿŒœ][A-Za-zÀ-ÖØ-öø-ÿŒœ'’\-]*|[0-9]+|[.;:!?\n]")
 
 def _fr_counts(text: str) -> tuple[int, int]:
@@ -349,8 +84,9 @@ def _fr_counts(text: str) -> tuple[int, int]:
     m += len(re.findall(r"(?<![\w.])M\.(?=\s+[A-Z0-9])", text))
     return f, m
 
-_EN_F = {"she", "her", "hers", "herself", "woman", "female", "lady", "girl", "widow"}
-_EN_M = {"he", "his", "him", "himself", "man", "male", "gentleman", "boy", "widower"}
+# %% ../nbs/01a_synth.ipynb #6e89e70f
+_EN_F = set(_CUES["en_female"])
+_EN_M = set(_CUES["en_male"])
 _EN_SHORTHAND = re.compile(r"(?<![\w.])(\d{1,3})\s?(?:yo|y/o|y\.o\.)?\s?([MF])(?![\w])")
 
 def _en_counts(text: str) -> tuple[int, int]:
@@ -366,6 +102,7 @@ def _en_counts(text: str) -> tuple[int, int]:
         else: m += 1
     return f, m
 
+# %% ../nbs/01a_synth.ipynb #6646b71e
 def text_sex_cue(text, lang: str) -> str | None:
     "The patient's sex as the note tells it: 'F', 'M', or None (no cue, tie, empty or missing text). Deterministic."
     if lang not in ("fr", "en"):
@@ -376,65 +113,11 @@ def text_sex_cue(text, lang: str) -> str | None:
     return "F" if f > m else "M" if m > f else None
 
 # %% ../nbs/01a_synth.ipynb #419078ab
-SEVERITY_PHRASES = {
- "fr": {
-    # red flags by complaint group
-    "douleur constrictive": -0.4, "sueurs profuses": -0.4, "irradiation dans la mâchoire": -0.4,
-    "tirage sus-claviculaire": -0.5, "détresse respiratoire": -0.8, "déficit moteur": -0.7,
-    "trouble de la parole": -0.6, "perte de connaissance": -0.5, "défense abdominale": -0.5,
-    "hémorragie active": -0.6, "douleur intense": -0.3, "déformation du membre": -0.3, "marbrures": -0.8,
-    "purpura": -0.8, "frissons intenses": -0.3, "somnolence profonde": -0.5, "scénario suicidaire précis": -0.5,
-    # their negations
-    "pas de perte de connaissance": 0.1, "sans perte de connaissance": 0.1, "pas de déficit moteur": 0.1,
-    "pas de détresse respiratoire": 0.1, "pas de défense abdominale": 0.05, "pas de purpura": 0.0,
-    "pas de marbrures": 0.0, "pas de trouble de la parole": 0.05, "pas de sueurs profuses": 0.0,
-    # reassuring
-    "bon état général": 0.3, "pas de signe de gravité": 0.3, "douleur ancienne": 0.25, "marche sans aide": 0.2,
-    "symptômes stables depuis plusieurs jours": 0.3,
- },
- "en": {
-    "crushing chest pain": -0.4, "diaphoretic": -0.4, "radiating to jaw": -0.4, "accessory muscle use": -0.5,
-    "respiratory distress": -0.8, "facial droop": -0.7, "slurred speech": -0.6, "loss of consciousness": -0.5,
-    "rigid abdomen": -0.5, "active bleeding": -0.6, "severe pain": -0.3, "obvious deformity": -0.3,
-    "mottled skin": -0.8, "petechial rash": -0.8, "rigors": -0.3, "minimally responsive": -0.5, "specific plan": -0.5,
-    "no loss of consciousness": 0.1, "denies loss of consciousness": 0.1, "no facial droop": 0.1,
-    "not diaphoretic": 0.0, "no respiratory distress": 0.1, "no active bleeding": 0.0, "no petechial rash": 0.0,
-    "no slurred speech": 0.05, "no obvious deformity": 0.05, "no rigid abdomen": 0.05,
-    "well appearing": 0.3, "no acute distress": 0.3, "chronic pain": 0.25, "ambulating without difficulty": 0.2,
-    "symptoms stable for several days": 0.3,
- },
-}
-#: red flags drawn per complaint group (their negation is drawn from the same list)
-_RED_FLAGS = {
- "fr": {"cardio": ["douleur constrictive", "sueurs profuses", "irradiation dans la mâchoire"],
-        "resp": ["tirage sus-claviculaire", "détresse respiratoire"],
-        "neuro": ["déficit moteur", "trouble de la parole", "perte de connaissance"],
-        "digest": ["défense abdominale", "hémorragie active", "douleur intense"],
-        "trauma": ["déformation du membre", "perte de connaissance", "douleur intense"],
-        "infect": ["marbrures", "purpura", "frissons intenses"], "tox": ["somnolence profonde"],
-        "psy": ["scénario suicidaire précis"], "other": ["douleur intense", "perte de connaissance"]},
- "en": {"cardio": ["crushing chest pain", "diaphoretic", "radiating to jaw"],
-        "resp": ["accessory muscle use", "respiratory distress"],
-        "neuro": ["facial droop", "slurred speech", "loss of consciousness"],
-        "digest": ["rigid abdomen", "active bleeding", "severe pain"],
-        "trauma": ["obvious deformity", "loss of consciousness", "severe pain"],
-        "infect": ["mottled skin", "petechial rash", "rigors"], "tox": ["minimally responsive"],
-        "psy": ["specific plan"], "other": ["severe pain", "loss of consciousness"]},
-}
-_NEGATION = {
- "fr": {"perte de connaissance": "pas de perte de connaissance", "déficit moteur": "pas de déficit moteur",
-        "détresse respiratoire": "pas de détresse respiratoire", "défense abdominale": "pas de défense abdominale",
-        "purpura": "pas de purpura", "marbrures": "pas de marbrures", "trouble de la parole": "pas de trouble de la parole",
-        "sueurs profuses": "pas de sueurs profuses"},
- "en": {"loss of consciousness": "no loss of consciousness", "facial droop": "no facial droop",
-        "diaphoretic": "not diaphoretic", "respiratory distress": "no respiratory distress",
-        "active bleeding": "no active bleeding", "petechial rash": "no petechial rash", "slurred speech": "no slurred speech",
-        "obvious deformity": "no obvious deformity", "rigid abdomen": "no rigid abdomen"},
-}
-_REASSURING = {"fr": ["bon état général", "pas de signe de gravité", "douleur ancienne", "marche sans aide",
-                      "symptômes stables depuis plusieurs jours"],
-               "en": ["well appearing", "no acute distress", "chronic pain", "ambulating without difficulty",
-                      "symptoms stable for several days"]}
+_SEVERITY = _resource("severity")   # severity.yaml
+#: weight of each severity phrase on the latent acuity (latent-level units; negative = more severe)
+SEVERITY_PHRASES = _SEVERITY["weights"]
+#: red flags drawn per complaint group (their negation is drawn from the same list), negations, reassuring phrases
+_RED_FLAGS, _NEGATION, _REASSURING = _SEVERITY["red_flags"], _SEVERITY["negation"], _SEVERITY["reassuring"]
 _PHRASE_RE = {lang: re.compile(r"(?<!\w)(" + "|".join(re.escape(p) for p in sorted(d, key=len, reverse=True)) + r")(?!\w)",
                                re.IGNORECASE) for lang, d in SEVERITY_PHRASES.items()}
 _PHRASE_W = {lang: {p.lower(): w for p, w in d.items()} for lang, d in SEVERITY_PHRASES.items()}
@@ -484,12 +167,15 @@ def _knobs(lang: str, given: Mapping) -> dict:
                 raise ValueError(f"knob {k} must be in [0, 1], got {v}")
     return out
 
+# %% ../nbs/01a_synth.ipynb #ae0b117e
 def _hinge(x):
     return np.where(np.isnan(x), 0.0, np.maximum(x, 0.0))
 
+# %% ../nbs/01a_synth.ipynb #571f9a72
 def _num(df: pd.DataFrame, col: str) -> np.ndarray:
     return pd.to_numeric(df[col], errors="raise").to_numpy(dtype=float, na_value=np.nan)
 
+# %% ../nbs/01a_synth.ipynb #c0686ad2
 def _as_frame(records) -> pd.DataFrame:
     if isinstance(records, pd.DataFrame):
         return records
@@ -497,6 +183,7 @@ def _as_frame(records) -> pd.DataFrame:
         return pd.DataFrame([records])
     return pd.DataFrame(list(records))
 
+# %% ../nbs/01a_synth.ipynb #a1361170
 def _text_of(df: pd.DataFrame, lang: str) -> list[str]:
     "The record's note as the labelling process reads it: its text fields joined by newlines (missing = empty)."
     cols = [df[c].tolist() for c in TEXT_FIELDS[lang]]
@@ -505,6 +192,7 @@ def _text_of(df: pd.DataFrame, lang: str) -> list[str]:
         out.append("\n".join(str(p) for p in parts if isinstance(p, str) and p))
     return out
 
+# %% ../nbs/01a_synth.ipynb #37560c7e
 def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: float | None = None,
                   noise_scale: float | None = None, **generator_knobs) -> np.ndarray:
     "The latent acuity $\\mu(x)$ of each canonical record (latent-level units; higher = less severe)."
@@ -541,6 +229,7 @@ def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: 
     mu += kn["bias_text"] * np.array([text_sex_cue(t, lang) == "F" for t in texts], dtype=float)
     return mu
 
+# %% ../nbs/01a_synth.ipynb #715c69b4
 def _cum_proba(mu: np.ndarray, sigma: float) -> np.ndarray:
     "P(Y <= k), k = 1..4, shape (n, 4)."
     from scipy.special import expit
@@ -555,6 +244,7 @@ def oracle_proba(records, lang: str, bias_tab: float | None = None, bias_text: f
     full = np.concatenate([np.zeros((len(mu), 1)), cum, np.ones((len(mu), 1))], axis=1)
     return np.diff(full, axis=1)
 
+# %% ../nbs/01a_synth.ipynb #e4d83e30
 def oracle_predict(records, lang: str, **knobs) -> np.ndarray:
     "The oracle's level (argmax of `oracle_proba`): what a perfect emulator of these nurses predicts."
     return LEVELS[np.argmax(oracle_proba(records, lang, **knobs), axis=1)]
@@ -578,146 +268,13 @@ def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
 # %% ../nbs/01a_synth.ipynb #bf62d1e9
-_T = {
- "fr": dict(
-  open_cued=[
-   "[[Patient|Patiente]] de {age} ans [[amené|amenée]] par {tp} pour {motif}.",
-   "{title} X, {age} ans, [[adressé|adressée]] par son médecin traitant pour {motif}.",
-   "[[Patient|Patiente]] de {age} ans, [[connu|connue]] pour {pmh1}, qui consulte pour {motif}.",
-   "[[Homme|Femme]] de {age} ans qui se présente pour {motif}.",
-   "[[Le patient|La patiente]] consulte pour {motif} depuis {duree}.",
-   "[[Monsieur|Madame]] X, {age} ans, vient pour {motif}.",
-   "[[Patient|Patiente]] [[âgé|âgée]] de {age} ans, {motif_na} depuis {duree}.",
-   "[[Amené|Amenée]] par {tp} pour {motif}.",
-   "[[Il|Elle]] consulte pour {motif} depuis {duree}.",
-   "{title} X {age}a, {motif_na} depuis {duree}.",
-   "[[Patient|Patiente]] de {age} ans. [[Il|Elle]] signale {motif} depuis {duree}.",
-  ],
-  open_young=["[[Jeune homme|Jeune femme]] de {age} ans, {motif_na} depuis {duree}."],
-  open_neutral=[
-   "Pt de {age} ans, {motif_na} depuis {duree}.", "Consulte pour {motif}.", "{age} ans, {motif_na} depuis {duree}.",
-   "Motif : {motif_na}.", "Se présente aux urgences pour {motif}.", "Vient pour {motif}, {duree}.",
-   "{age}a, {motif_na}. Transport par {tp}.", "Pt {age} ans, sur avis du MT pour {motif}.",
-  ],
-  context_cued=[
-   "{TP1} l'a [[retrouvé|retrouvée]] au sol ce matin.", "[[Accompagné|Accompagnée]] par {tp}.",
-   "[[Il|Elle]] vit avec {spouse}.", "Selon {tp}, [[il|elle]] serait plus [[confus|confuse]] depuis {duree}.",
-   "[[Il|Elle]] a appelé {tp1} qui a prévenu le 15.", "[[Il|Elle]] vit [[seul|seule]] à domicile.",
-   "[[Tombé|Tombée]] dans sa salle de bain.", "Sa fille, inquiète, l'accompagne.",
-  ],
-  context_old=["[[Veuf|Veuve]], vit en EHPAD.", "[[Il|Elle]] vit [[seul|seule]] depuis le décès de {spouse}."],
-  context_neutral=[
-   "Accompagnement par {tp}.", "Appel de {tp1} au 15.", "Vit en EHPAD.", "Vit à domicile avec {spouse}.",
-   "Sa fille est présente aux urgences.", "Appel de l'infirmier du foyer.", "Sa fille, inquiète, l'accompagne.",
-  ],
-  state_cued=[
-   "[[Il|Elle]] est [[conscient|consciente]] et [[orienté|orientée]].", "[[Anxieux|Anxieuse]] et algique.",
-   "[[Il|Elle]] se dit très [[fatigué|fatiguée]].", "[[Inquiet|Inquiète]] pour ses symptômes.",
-   "[[Il|Elle]] reste calme.", "[[Allongé|Allongée]] sur le brancard, [[gêné|gênée]] par la douleur.",
-   "[[Agité|Agitée]] à l'arrivée.", "[[Le patient|La patiente]] refuse l'examen.",
-  ],
-  state_neutral=["Algique.", "Calme.", "Conscience normale.", "Anxiété importante.", "Coopération difficile.", "Autonome."],
-  onset=["Début brutal.", "Début progressif.", "Début il y a {n} jours.", "Symptômes apparus il y a {n}h.",
-         "Il y a {n} jours, épisode similaire spontanément résolutif.", "Début {quand}."],
-  treat=["A pris {drug} sans amélioration.", "Pas de traitement pris avant l'arrivée.", "Pas de fièvre.",
-         "Apyrétique.", "Pas de notion de traumatisme.", "Pas de voyage récent.", "Nie toute prise de toxiques.",
-         "Pas de PC.", "Pas d'allergie connue."],
-  vitals=["EVA {pain}/10.", "EVA à {pain}.", "TA {sbp}/{dbp}, FC {hr}.", "Sat {spo2}% en AA.", "SpO2 {spo2}%.", "T {temp}°C."],
-  flag=["{Flag}.", "Notion de {flag}.", "À noter : {flag}."],
-  neg_flag=["{Flag}.", "{Flag}, pas d'autre plainte."],
-  pmh_items=["HTA", "DT2", "diabète de type 1", "dyslipidémie", "FA sous AOD", "BPCO", "asthme", "SAOS appareillé",
-             "IRC", "cardiopathie ischémique", "AVC en {year}", "épilepsie", "syndrome dépressif", "hypothyroïdie",
-             "appendicectomie", "cholécystectomie", "PTH droite", "lombalgies chroniques", "migraine", "obésité",
-             "tabagisme actif", "OH chronique", "allergie à la pénicilline", "ulcère gastrique", "insuffisance cardiaque",
-             "hernie inguinale opérée", "HTA traitée", "anémie"],
-  pmh_format=["ATCD : {items}.", "Antécédents : {items}.", "{Items}.", "ATCD: {items}. TTT: {drugs}.", "Atcd {items}."],
-  pmh_none=["Pas d'antécédent notable.", "RAS.", "Aucun ATCD connu.", "Pas d'ATCD."],
-  pmh_cued=["[[Fumeur|Fumeuse]] à {n}0 PA.", "[[Ancien fumeur|Ancienne fumeuse]].", "[[Opéré|Opérée]] du genou en {year}.",
-            "[[Suivi|Suivie]] en cardiologie.", "[[Connu|Connue]] pour une épilepsie.",
-            "[[Hospitalisé|Hospitalisée]] en {year} pour une pneumopathie.", "[[Père|Mère]] de {k} enfants.",
-            "[[Sportif|Sportive]], court 3 fois par semaine."],
-  pmh_cued_old=["[[Veuf|Veuve]].", "[[Retraité|Retraitée]]."],
-  drugs=["1 g de paracétamol", "de l'ibuprofène", "2 cp de Doliprane", "du Spasfon", "sa Ventoline", "un Tramadol"],
-  ttt=["Kardégic, amlodipine", "metformine", "Eliquis, bisoprolol", "Lévothyrox", "aucun", "ramipril"],
-  duree=["2h", "3 heures", "48h", "24h", "hier", "3 jours", "une semaine", "ce matin", "{n} jours"],
-  quand=["ce matin", "hier soir", "dans la nuit", "il y a {n} jours"],
-  tp=["les pompiers", "le SAMU", "sa fille", "son fils", "son voisin", "sa voisine", "un ami", "une amie",
-      "l'infirmière de l'EHPAD", "l'infirmier du foyer", "{spouse}"],
-  tp1=["sa fille", "son fils", "son voisin", "sa voisine", "l'aide-soignante", "{spouse}"],
-  tp_young=["ses parents", "sa mère", "son père", "un ami"],
-  spouse={"M": ["sa femme", "sa compagne", "son épouse"], "F": ["son mari", "son compagnon", "son époux"]},
-  terms={"F": ["hystérectomie en {year}", "cancer du sein en {year}", "K sein traité", "endométriose",
-               "menopause précoce", "cesarienne en {year}", "grossesse en cours à {n} SA", "IVG il y a {n} mois"],
-         "M": ["adénome de prostate", "prostatectomie en {year}", "cancer de la prostate", "torsion testiculaire en {year}"]},
- ),
- "en": dict(
-  open_cued=[
-   "{age}[[M|F]] c/o {motif} x {dur}.", "{age} yo [[M|F]] presents w/ {motif}.",
-   "{age} y/o [[male|female]] w/ {pmh1} here for {motif}.",
-   "Pt is a {age} yo [[man|woman]] presenting with {motif} since {when}.",
-   "{title} X is a {age} yo [[gentleman|lady]] who presents with {motif}.",
-   "[[He|She]] reports {motif} since {when}.", "[[Male|Female]] pt, {age}, c/o {motif}.",
-   "{age}[[M|F]] BIBA from home for {motif}.", "{title} X, {age}, with {motif} x {dur}.",
-  ],
-  open_young=["{age} yo [[boy|girl]] brought in for {motif}."],
-  open_neutral=[
-   "Pt c/o {motif} x {dur}.", "{age} yo c/o {motif}.", "Presents with {motif} since {when}.",
-   "Pt reports {motif}, onset {when}.", "BIBA for {motif}.", "Pt here for {motif}.", "{age} y/o w/ {pmh1} presenting with {motif}.",
-  ],
-  context_cued=[
-   "Brought in by [[his|her]] {tp}.", "[[His|Her]] {tp} found [[him|her]] on the floor this morning.",
-   "Lives with [[his|her]] {spouse}.", "Per [[his|her]] {tp}, [[he|she]] has been more confused x {n} days.",
-   "EMS gave [[him|her]] {drug} en route.", "[[He|She]] lives alone.", "[[He|She]] was found down by a neighbor.",
-   "[[His|Her]] {spouse} is at bedside.",
-  ],
-  context_old=["[[Widower|Widow]], lives in assisted living."],
-  context_neutral=["{Tp} at bedside.", "Lives alone.", "Per EMS, pt found on floor.", "Accompanied by {tp}.",
-                   "Received {drug} by EMS.", "Lives w/ {spouse}."],
-  state_cued=["[[He|She]] appears anxious.", "[[He|She]] is A&Ox3.", "States [[he|she]] feels weak all over.",
-              "Pt tearful, states [[he|she]] is scared.", "[[He|She]] is ambulatory w/ cane.",
-              "[[He|She]] is holding [[his|her]] abdomen."],
-  state_neutral=["A&Ox3.", "Pt anxious.", "Ambulatory w/ cane.", "Calm, cooperative.", "Pt tearful."],
-  onset=["Onset {when}.", "Sx started {n} days ago.", "Sudden onset.", "Gradual onset over {n} days."],
-  treat=["Took {drug} at home w/o relief.", "Denies fever/chills.", "No N/V.", "Denies CP/SOB.", "No recent travel.",
-         "Denies drug use.", "NKDA."],
-  vitals=["HR {hr}, BP {sbp}/{dbp}.", "SpO2 {spo2}% RA.", "Pain {pain}/10.", "T {tempf}.", "Pain score {pain}."],
-  flag=["{Flag}.", "+{flag}.", "Noted {flag}."],
-  neg_flag=["{Flag}.", "{Flag}, otherwise no complaints."],
-  pmh_items=["HTN", "HLD", "DM2", "CAD s/p CABG", "afib on eliquis", "COPD", "asthma", "CKD", "CHF", "hx CVA",
-             "seizure d/o", "depression", "hypothyroid", "s/p appy", "ETOH abuse", "obesity", "OSA on CPAP", "GERD",
-             "migraines", "chronic back pain", "anemia", "gout"],
-  pmh_format=["PMH: {items}.", "Hx {items}.", "PMHx {items}.", "PMH {items}. Meds: {drugs}."],
-  pmh_none=["No PMH.", "No sig PMH.", "PMH none."],
-  pmh_cued=["[[He|She]] is a former smoker.", "[[He|She]] smokes 1 ppd.", "[[Father|Mother]] of three.",
-            "[[His|Her]] PCP is Dr. Y.", "[[He|She]] had a knee replacement in {year}."],
-  pmh_cued_old=["[[Widower|Widow]], lives in assisted living."],
-  drugs=["tylenol 1g", "ibuprofen 600mg", "324mg ASA", "4mg zofran", "nitro x1", "duoneb x1"],
-  ttt=["lisinopril, metformin", "eliquis", "levothyroxine", "none", "atorvastatin"],
-  dur=["2 hrs", "3 days", "1 wk", "2d", "24 hrs", "{n} days"],
-  when=["this AM", "last night", "yesterday", "2 days ago", "this afternoon"],
-  tp=["daughter", "son", "neighbor", "friend", "roommate", "{spouse}"],
-  tp1=["daughter", "son", "neighbor", "friend", "{spouse}"],
-  tp_young=["mother", "father", "friend"],
-  spouse={"M": ["wife", "girlfriend", "partner"], "F": ["husband", "boyfriend", "partner"]},
-  terms={"F": ["s/p hysterectomy", "hx endometriosis", "currently {n} wks pregnant", "postmenopausal",
-               "s/p c-section", "hx ovarian cancer", "hx miscarriage"],
-         "M": ["hx prostate cancer", "s/p prostatectomy", "hx testicular cancer"]},
- ),
-}
+_TEMPLATES = _resource("templates")   # templates.yaml
+_T = _TEMPLATES["templates"]
 # the reason of visit without its article ("douleur thoracique depuis 2h")
 _FR_ARTICLE = re.compile(r"^(une |un |des |l')")
 
 #: stems of the paper's Appendix A (Tables 4 and 5): the generator never lets a typo create one
-_APPENDIX_STEMS = {
- "fr": ["uter", "utér", "ovair", "ovarien", "vagin", "vulv", "mamma", "fallope", "prostat", "testicul", "peni", "pénien",
-        "scrot", "séminale", "grossesse", "enceinte", "fausse couche", "ivg", "curetage", "menopause", "ménorrhée", "règles",
-        "endométriose", "endometriose", "andropause", "hystérectomie", "hysterectomie", "ligature trompes", "cesarienne",
-        "cezarienne", "gyné", "obsté", "gyneco", "obste", "cancer du sein", "k sein"],
- "en": ["uter", "uterin", "ovar", "ovarian", "vagin", "vulv", "mammar", "fallop", "prostat", "testic", "penil", "scrot",
-        "seminal", "pregnan", "miscarr", "abortion", "curettage", "menopaus", "menstruat", "menses", "endometrios",
-        "andropaus", "hysterectom", "tubal ligation", "cesare", "c-section", "gyneco", "obstet", "ob/gyn", "ovarian cancer",
-        "prostate cancer"],
-}
+_APPENDIX_STEMS = _TEMPLATES["appendix_stems"]
 
 def _has_stem(text: str, lang: str) -> bool:
     low = text.lower()
@@ -830,9 +387,11 @@ class _Slots(dict):
         self[key] = v
         return v
 
+# %% ../nbs/01a_synth.ipynb #93d7b147
 def _fill(template: str, slots: _Slots) -> str:
     return template.format_map(slots)
 
+# %% ../nbs/01a_synth.ipynb #46b224fd
 def _note_fr(rnd: random.Random, rec: dict) -> tuple[str, str]:
     "HPI and PMH templates (with `[[m|f]]` marks) of one French record."
     t, s = _T["fr"], _Slots(rnd, "fr", rec)
@@ -874,6 +433,7 @@ def _note_fr(rnd: random.Random, rec: dict) -> tuple[str, str]:
         pmh.append(_fill(rnd.choice(pool), s))
     return hpi, " ".join(pmh)
 
+# %% ../nbs/01a_synth.ipynb #53aa20f7
 def _note_en(rnd: random.Random, rec: dict) -> str:
     "The triage-note template (with `[[m|f]]` marks) of one English record."
     t, s = _T["en"], _Slots(rnd, "en", rec)
@@ -906,6 +466,7 @@ def _note_en(rnd: random.Random, rec: dict) -> str:
         tail.append(_fill(rnd.choice(pool), s))
     return " ".join(parts + [b for b in body if b] + tail)
 
+# %% ../nbs/01a_synth.ipynb #e1964473
 def _flags(rnd: random.Random, lang: str, rec: dict) -> list[str]:
     "Red flags (more likely when the hidden severity h is high), a negated red flag, a reassuring phrase."
     t, out = _T[lang], []
@@ -926,6 +487,7 @@ def _flags(rnd: random.Random, lang: str, rec: dict) -> list[str]:
         out.append(_cap(rnd.choice(_REASSURING[lang])) + ".")
     return out
 
+# %% ../nbs/01a_synth.ipynb #4a4760ec
 def _vitals_sentence(rnd: random.Random, lang: str, rec: dict) -> list[str]:
     "One sentence quoting the record's own vital signs (only those present)."
     if rnd.random() >= 0.4:
@@ -1136,6 +698,7 @@ def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFr
             canon[f"x_{col}"] = raw[col].to_numpy()
     return raw, canon
 
+# %% ../nbs/01a_synth.ipynb #3f87276f
 _CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)), "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
 
 def _generate(lang: str, n_records: int, seed: int, knobs: Mapping) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -1152,14 +715,13 @@ def _generate(lang: str, n_records: int, seed: int, knobs: Mapping) -> tuple[pd.
     canon = pd.concat(canons, ignore_index=True)
     return raw[RAW_COLUMNS[lang] + EXTRA_COLUMNS[lang]], canon
 
+# %% ../nbs/01a_synth.ipynb #6bd9f49e
 def generate_raw(lang: str, n_records: int, seed: int, bias_tab: float | None = None, bias_text: float | None = None,
                  no_cue_share: float | None = None, **other_knobs) -> pd.DataFrame:
     "One raw flat table of `n_records` synthetic ED visits (`fr`: chu-bordeaux schema, `en`: MIMIC-IV-ED-like) + truth columns."
     return _generate(lang, n_records, seed, dict(bias_tab=bias_tab, bias_text=bias_text, no_cue_share=no_cue_share, **other_knobs))[0]
 
 # %% ../nbs/01a_synth.ipynb #30bd5526
-VIEWS = ("full", "text_iso", "tab_iso")
-
 def exact_counterfactual_pair(records: pd.DataFrame, lang: str, view: str = "full") -> tuple[pd.DataFrame, pd.DataFrame]:
     "(x, x') of canonical synthetic `records` in `view` ('full', 'text_iso', 'tab_iso'), x' from the exact other-sex rendering."
     if view not in VIEWS:

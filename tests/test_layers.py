@@ -1,0 +1,147 @@
+"""The package's layers: the import graph of `triage_cf/` has no cycle, and no module imports a `triage_cf` module
+inside a function (an import inside a function hides a dependency, and a hidden one is how cycles creep in).
+
+Only the standard library's `ast` reads the sources: nothing is imported, so the test also holds for modules whose
+optional heavy dependencies (torch, transformers, vllm...) are not installed. Heavy third-party imports may stay inside
+functions; only imports of the package's own modules are checked."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "triage_cf"
+NAME = PKG.name
+
+#: (module, imported module) pairs still imported inside a function, with the reason; each entry is a debt to pay.
+ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {
+    # the spawned workers of the recovery grid must run the installed module's function: in the notebook, run_grid's
+    # own module is __main__, which a spawned process cannot import
+    ("recovery", "recovery"): "recovery.run_grid: the installed module, for spawned workers",
+}
+
+
+def modules() -> dict[str, ast.Module]:
+    "The package's modules (name without the package prefix -> parsed source), `_modidx` excluded."
+    return {p.stem: ast.parse(p.read_text(encoding="utf-8"), str(p))
+            for p in sorted(PKG.glob("*.py")) if p.stem not in ("_modidx",)}
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, known: set[str]) -> set[str]:
+    "The package modules an import statement of `module` imports (relative and absolute forms)."
+    out: set[str] = set()
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            parts = a.name.split(".")
+            if parts[0] == NAME and len(parts) > 1:
+                out.add(parts[1])
+        return out
+    if node.level:                                  # from .x import y / from . import x
+        base = node.module.split(".")[0] if node.module else None
+    elif node.module and node.module.split(".")[0] == NAME:
+        parts = node.module.split(".")
+        base = parts[1] if len(parts) > 1 else None
+    else:
+        return out
+    if base:
+        out.add(base)
+    else:                                           # from triage_cf import synth
+        out |= {a.name for a in node.names if a.name in known}
+    return out
+
+
+def import_edges() -> tuple[dict[str, set[str]], list[tuple[str, str, int, str]]]:
+    """(graph of top-level imports: module -> package modules it imports, [(module, imported, line, function) of every
+    package import inside a function or method])."""
+    mods = modules()
+    known = set(mods)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    inner: list[tuple[str, str, int, str]] = []
+
+    def visit(node: ast.AST, module: str, func: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, module, getattr(child, "name", "<lambda>") if func is None else func)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for t in _targets(child, module, known) - {module}:   # a module importing itself adds no layer
+                    if func is None:
+                        graph[module].add(t)
+                    else:
+                        inner.append((module, t, child.lineno, func))
+            visit(child, module, func)
+
+    for m, tree in mods.items():
+        visit(tree, m, None)
+    return graph, inner
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    "One cycle of `graph` as [a, b, ..., a], or None (depth-first search, deterministic order)."
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if not state.get(v) and (c := dfs(v)):
+                return c
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if not state.get(u) and (c := dfs(u)):
+            return c
+    return None
+
+
+def test_cycle_finder_finds_a_cycle_and_accepts_a_dag():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"core": set(), "data": {"core"}, "chain": {"core", "data"}}) is None
+
+
+def test_targets_read_every_import_form():
+    known = {"core", "synth", "data"}
+    src = ("import triage_cf.core\nfrom triage_cf import synth\nfrom .data import x\nfrom triage_cf.core import y\n"
+           "import numpy\nfrom . import synth as s\n")
+    got = [_targets(n, "m", known) for n in ast.parse(src).body]
+    assert got == [{"core"}, {"synth"}, {"data"}, {"core"}, set(), {"synth"}]
+
+
+def test_core_is_the_bottom_layer():
+    graph, _ = import_edges()
+    assert graph["core"] == set(), f"triage_cf.core imports {sorted(graph['core'])}: core must import no package module"
+    assert graph["governance"] <= {"core"}, f"triage_cf.governance may import core only, imports {sorted(graph['governance'])}"
+
+
+def test_import_graph_has_no_cycle():
+    graph, inner = import_edges()
+    # an import inside a function is still a dependency: the graph with them must be acyclic too
+    full = {m: set(t) for m, t in graph.items()}
+    for m, t, _, _ in inner:
+        full[m].add(t)
+    for g, what in ((graph, "top-level imports"), (full, "imports, including those inside functions")):
+        cycle = find_cycle(g)
+        assert cycle is None, f"import cycle among the {what} of triage_cf: {' -> '.join(cycle)}"
+
+
+def test_no_package_import_inside_a_function():
+    _, inner = import_edges()
+    bad = [f"triage_cf/{m}.py:{line} ({func}) imports triage_cf.{t}" for m, t, line, func in inner
+           if (m, t) not in ALLOWED_IN_FUNCTION]
+    assert not bad, ("package imports inside functions (move them to the module's top; only heavy optional third-party "
+                     "dependencies may be imported inside a function):\n" + "\n".join(bad))
+
+
+def test_allowlist_has_no_stale_entry():
+    "An allowlisted import that is gone must leave the allowlist (so the list only shrinks)."
+    _, inner = import_edges()
+    used = {(m, t) for m, t, _, _ in inner}
+    mods = modules()
+    used |= {(m, m) for m, tree in mods.items() for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+             and m in _targets(n, m, set(mods))}
+    stale = sorted(set(ALLOWED_IN_FUNCTION) - used)
+    assert not stale, f"ALLOWED_IN_FUNCTION lists imports that no longer happen inside a function: {stale}"
