@@ -151,7 +151,7 @@ def test_resume_gives_identical_weights(tok, tmp_path):
 def test_fast_path_equals_reference_pipeline(trained, tok, tmp_path):
     test = canonical_records(48, seed=9)
     prompts = E.render_prompts(test, tok, LEVELS, "en")
-    E.save_emulator(trained.model, tok, tmp_path / "emu", LEVELS)  # before HFBackend merges the adapter in place
+    E.save_emulator(trained.model, tok, tmp_path / "emu", LEVELS)  # before the local client merges the adapter in place
     assert (tmp_path / "emu" / "adapter" / "adapter_model.safetensors").exists()
     be = LocalClient(trained.model, tok, LEVELS, batch_size=8, dtype=None)
     probs = E.predict_proba(be, prompts)

@@ -93,7 +93,7 @@ def _notebook_fingerprint(path: Path) -> str:
 def _code_fingerprint() -> str:
     "sha256 over the package's source files: any code change invalidates every stage."
     pkg = Path(__file__).resolve().parent
-    h = [f"{p.relative_to(pkg)}:{sha256_file(p)}" for p in sorted(pkg.rglob("*")) if p.is_file() and p.suffix in {".py", ".yaml", ".txt", ".json"} and "__pycache__" not in p.parts]
+    h = [f"{p.relative_to(pkg)}:{sha256_file(p)}" for p in sorted(pkg.rglob("*")) if p.is_file() and p.suffix in {".py", ".yaml", ".txt", ".json", ".tsv", ".csv"} and "__pycache__" not in p.parts]
     return sha256_text("\n".join(h))
 
 
@@ -190,12 +190,14 @@ def _error_message(stage: str, exc: Exception) -> str:
 
 def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = None, force: bool = False,
               until: str | None = None, quiet: bool = False, stages: list[str] | None = None,
-              progress: bool | None = None) -> list[StageResult]:
+              progress: bool | None = None, overrides: dict | None = None) -> list[StageResult]:
     """Run the chain for `dataset` under `profile` into the run folder.
 
     `until`: run only the stages before this one (used by a notebook run by hand to get its inputs).
+    `overrides`: parameters set on top of `params/<dataset>.yaml` + profile (what a command's options such as
+    `probe-margins --backend` set); they reach the stages' parameters, their keys and run.json like any other.
     Returns one StageResult per stage; raises StageFailed when a stage fails."""
-    params = load_params(dataset, profile)
+    params = {**load_params(dataset, profile), **(overrides or {})}
     stages = list(stages or stages_for(params))
     if until is not None:
         if until in stages:

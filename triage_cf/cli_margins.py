@@ -10,7 +10,6 @@ stage parameters `pm_backend`, `pm_model` and `pm_base_url` of the run (recorded
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 import time
 
@@ -35,20 +34,12 @@ def _cmd_probe_margins(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    kw = {}
-    if overrides:
-        if "overrides" not in inspect.signature(reproduce).parameters:
-            print("error: this version of triage_cf.chain.reproduce takes no parameter overrides, so --backend/--model/"
-                  f"--base-url cannot be applied ({overrides}); set pm_backend, pm_model and pm_base_url in a profile of "
-                  "params/profiles.yaml and pass --profile", file=sys.stderr)
-            return 2
-        kw["overrides"] = overrides
     out = run_dir_for(args.dataset, args.profile, args.out)
     print(f"triage-cf probe-margins: dataset={args.dataset} profile={args.profile} run folder={out}"
           + (f" parameters={overrides}" if overrides else ""), flush=True)
     t0 = time.perf_counter()
     try:
-        reproduce(args.dataset, args.profile, out=out, force=args.force, **kw)
+        reproduce(args.dataset, args.profile, out=out, force=args.force, overrides=overrides or None)
     except StageFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

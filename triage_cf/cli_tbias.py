@@ -7,6 +7,9 @@ import sys
 
 import pandas as pd
 
+from .tbias_allocation import allocation_from_csv
+from .tbias_words import word_association_from_csv
+
 
 def _report(written: dict) -> None:
     for name, path in written.items():
@@ -17,7 +20,6 @@ def _report(written: dict) -> None:
 
 
 def _cmd_allocation(args) -> int:
-    from .tbias_allocation import allocation_from_csv
     try:
         written = allocation_from_csv(args.answers, args.out, n_boot=args.n_boot, seed=args.seed)
     except (ValueError, FileNotFoundError) as exc:
@@ -28,7 +30,6 @@ def _cmd_allocation(args) -> int:
 
 
 def _cmd_word_association(args) -> int:
-    from .tbias_words import word_association_from_csv
     try:
         written = word_association_from_csv(args.answers, args.out, n_boot=args.n_boot, seed=args.seed)
     except (ValueError, FileNotFoundError) as exc:

@@ -22,21 +22,18 @@ import pandas as pd
 from sklearn.model_selection import train_test_split
 from tqdm.auto import tqdm
 
-from .core import atomic_write_text, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
+from .core import TEXT_COLUMNS, VIEWS, atomic_write_text, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
 from .llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, _base_of, _input_device,
                            _keeps_logits, _pad_id, _plain_model, answer_logits, answer_nll, bf16_pays, cache_dir,
                            collate_left, convert_smollm2, default_model_path, encode_prompts, label_token_ids,
                            load_causal_lm, make_client, smollm2_gguf_path, tiny_causal_lm, tiny_tokenizer, verify_model_dir)
 
-HFBackend = LocalClient   # transitional name, removed once every stage builds its client with make_client
-
 # %% auto #0
-__all__ = ['HFBackend', 'SYSTEM_PROMPTS', 'TAB_FIELDS', 'TEXT_FIELDS', 'VIEWS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT',
-           'ANSWER_CUE', 'LORA_TARGETS', 'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value',
-           'render_patient', 'chat_prompt', 'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora',
-           'stratified_subsample', 'TrainResult', 'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator',
-           'export_merged', 'emulator_client', 'predict_proba', 'proba_frame', 'predict_views', 'reference_predict',
-           'parse_level']
+__all__ = ['SYSTEM_PROMPTS', 'TAB_FIELDS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT', 'ANSWER_CUE', 'LORA_TARGETS',
+           'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value', 'render_patient', 'chat_prompt',
+           'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora', 'stratified_subsample', 'TrainResult',
+           'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator', 'export_merged', 'emulator_client',
+           'predict_proba', 'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
 
 # %% ../nbs/04_emulator.ipynb #067cb16e
 SYSTEM_PROMPTS = {
@@ -68,8 +65,6 @@ def system_instruction(levels: Sequence[int], lang: str = "en") -> str:
 # %% ../nbs/04_emulator.ipynb #7ae03eab
 TAB_FIELDS = ("age", "sex", "arrival_time", "arrival_mode", "cc_code", "hr", "rr", "sbp", "dbp", "spo2", "temp_c",
               "gcs", "pain", "ed_load", "nurse_sex", "nurse_experience_years", "nurse_triage_training")
-TEXT_FIELDS = ("cc_text", "hpi", "pmh", "note")
-VIEWS = ("full", "text_iso", "tab_iso")
 
 FIELD_NAMES = {
     "en": {"age": "age (years)", "sex": "sex", "arrival_time": "arrival time", "arrival_mode": "arrival mode",
@@ -113,7 +108,7 @@ def format_value(name: str, v, lang: str = "en") -> str:
     return str(v).strip()
 
 def render_patient(record: dict | pd.Series, view: str = "full", lang: str = "en",
-                   fields: Sequence[str] = TAB_FIELDS, text_fields: Sequence[str] = TEXT_FIELDS) -> str:
+                   fields: Sequence[str] = TAB_FIELDS, text_fields: Sequence[str] = TEXT_COLUMNS) -> str:
     "The patient block of one record in `view` (`full`, `text_iso`: no sex field, `tab_iso`: empty-text placeholder)."
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r}; known: {VIEWS}")
@@ -150,7 +145,7 @@ def chat_prompt(tokenizer, system: str, user: str, lang: str = "en") -> str:
     bos = tokenizer.bos_token or ""
     return f"{bos}{system}\n\n{user}\n{ANSWER_CUE[_lang(lang)]}\n"
 
-def prompt_fields(records: pd.DataFrame, fields: Sequence[str] = TAB_FIELDS, text_fields: Sequence[str] = TEXT_FIELDS):
+def prompt_fields(records: pd.DataFrame, fields: Sequence[str] = TAB_FIELDS, text_fields: Sequence[str] = TEXT_COLUMNS):
     "(tabular fields, text fields) of the canonical table that are not all-missing (columns a dataset lacks)."
     missing = [c for c in (*fields, *text_fields) if c not in records.columns]
     if missing:

@@ -18,6 +18,7 @@ import pandas as pd
 import yaml
 
 from .core import sha256_file, write_table
+from .llm import make_client, tiny_causal_lm, tiny_tokenizer
 
 # %% auto #0
 __all__ = ['RESOURCE_DIR', 'CATEGORIES', 'LANGUAGES', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256', 'load_prompts', 'load_words',
@@ -314,9 +315,7 @@ def run_word_association(client, words: pd.DataFrame, model: str, languages=LANG
 def make_tb_client(backend: str, model: str, base_url: str | None = None, concurrency: int = 16, cache=None,
                    corpus: Sequence[str] = (), seed: int = 0, gen_batch_size: int = 8):
     "The LLM-layer client of the transgender-bias stages (see above)."
-    from triage_cf.llm import make_client
     if backend == "local" and model == "tiny-llama":
-        from triage_cf.llm import tiny_causal_lm, tiny_tokenizer
         tok = tiny_tokenizer(list(corpus) or ["cisgender transgender"], vocab_size=512)
         return make_client("local", model=(tiny_causal_lm("llama", tok, seed=seed), tok), cache=cache,
                            model_id=f"tiny-llama-seed{seed}", gen_batch_size=gen_batch_size)
