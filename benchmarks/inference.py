@@ -1,4 +1,4 @@
-"""Benchmark of the triage emulator (issue 5): label-distribution inference (fast path) vs the paper's
+"""Benchmark of the triage emulator: label-distribution inference (fast path) vs the paper's
 text-generation pipeline (max_new_tokens=2, integer parsed), on the same prompts with SmolLM2-135M-Instruct,
 plus LoRA training throughput (tokens/s).
 
@@ -136,7 +136,7 @@ def main(argv=None):
     runs = {k: (preds[k], secs[k], dtypes[k]) for k in runners}
     ref = runs["reference"][0]
     out = {
-        "what": "emulator inference: fast label-distribution path vs paper-style text-generation pipeline (issue 5)",
+        "what": "emulator inference: fast label-distribution path vs paper-style text-generation pipeline",
         "model": str(path.name), "device": device,
         "cpu": next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                      if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor(),

@@ -1,10 +1,10 @@
-"""Benchmark of issue 7: every bias metric with 1,000-resample bootstrap CIs for 72,444 pairs (the paper's test size),
+"""Benchmark: every bias metric with 1,000-resample bootstrap CIs for 72,444 pairs (the paper's test size),
 triage_cf.metrics (category-count multinomial bootstrap) vs a straightforward per-resample pandas implementation
 kept here for comparison, run side by side on the same pairs. Writes benchmarks/results/metrics.json.
 
     .venv/bin/python benchmarks/metrics_bench.py [--n-boot 1000] [--ref-resamples 1000] [--repeats 5]
 
-Targets (issue 7): < 2 s and >= 20x faster than the reference on the 2-core machine. The machine may be shared:
+Targets: < 2 s and >= 20x faster than the reference on the 2-core machine. The machine may be shared:
 the load average is recorded before and after.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark of issue 17: the CPU time `triage-cf plan` estimates for `make reproduce` (default profile, synth-en then
+"""Benchmark: the CPU time `triage-cf plan` estimates for `make reproduce` (default profile, synth-en then
 synth-fr, every stage) against the time measured on the development machine. Writes benchmarks/results/plan.json.
 
     .venv/bin/python benchmarks/plan_estimate.py [--out benchmarks/results/plan.json]
@@ -48,7 +48,7 @@ def main(argv=None) -> dict:
                   "sizes": p["sizes"]}
     total = sum(v["estimated_s"] for v in per.values())
     res = {
-        "what": "triage-cf plan's CPU estimate of `make reproduce` (default profile, synth-en + synth-fr) vs measured (issue 17)",
+        "what": "triage-cf plan's CPU estimate of `make reproduce` (default profile, synth-en + synth-fr) vs measured",
         "estimated_s": round(total, 1), "measured_s": MEASURED_TOTAL, "ratio": round(total / MEASURED_TOTAL, 3),
         "target": "ratio within [1/1.5, 1.5]", "within_target": 1 / 1.5 <= total / MEASURED_TOTAL <= 1.5,
         "datasets": per,

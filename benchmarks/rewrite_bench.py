@@ -1,10 +1,10 @@
-"""Benchmark of issues 6 and 16: the rule-based rewriting function g (triage_cf.rewrite) on 10,000 notes per language.
+"""Benchmark: the rule-based rewriting function g (triage_cf.rewrite) on 10,000 notes per language.
 Writes benchmarks/results/rewrite.json.
 
     .venv/bin/python benchmarks/rewrite_bench.py [--n 10000] [--repeats 3] [--source auto|synth|pool]
 
-Target (issue 6, kept by issue 16): rule-based g handles 10,000 notes in < 10 s on the 2-core machine ("fast enough to
-be invisible"); issue 16 added whole-word Appendix A matching, the his/her role from the following tokens and French
+Target: rule-based g handles 10,000 notes in < 10 s on the 2-core machine ("fast enough to
+be invisible"); the rules now add whole-word Appendix A matching, the his/her role from the following tokens and French
 agreement across a verb or at a distance, which the pool below also exercises.
 Notes come from the synthetic generator (triage_cf.synth.generate_raw, free-text fields) when it is importable
 (`--source auto|synth`), otherwise from a fixed pool of triage-note sentences below (`--source pool`), drawn with a
@@ -130,7 +130,7 @@ def main(argv=None):
         print(f"{lang}: {r['n_notes']} notes ({source}, {r['mean_chars']:.0f} chars) in {r['g_seconds_median']:.2f} s "
               f"({r['notes_per_second']:.0f}/s, {r['g_cpu_seconds_median']:.2f} s CPU); validation {r['validate_seconds']:.2f} s; "
               f"{r['n_excluded_sex_specific']} excluded, {r['n_validated_ok']} validated")
-    out = {"benchmark": "rewrite (issues 6, 16): rule-based g", "target": "10,000 notes < 10 s", "results": results,
+    out = {"benchmark": "rewrite: rule-based g", "target": "10,000 notes < 10 s", "results": results,
            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                        "loadavg_before": load0, "loadavg_after": os.getloadavg()}}
     path = Path(__file__).resolve().parent / "results" / "rewrite.json"

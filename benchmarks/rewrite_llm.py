@@ -1,4 +1,4 @@
-"""Benchmark of issue 6: the few-shot LLM rewriting function g (triage_cf.rewrite, paper section 5.3 / Appendix B.2)
+"""Benchmark: the few-shot LLM rewriting function g (triage_cf.rewrite, paper section 5.3 / Appendix B.2)
 end to end with a real model on a handful of synthetic records per language. Writes benchmarks/results/rewrite_llm.json.
 
     nice -n 10 .venv/bin/python benchmarks/rewrite_llm.py [--n 8] [--model smollm2] [--backend local] [--batch-size 4]
@@ -148,7 +148,7 @@ def main() -> None:
         print(f"[{lang}] {res['n_records']} records: exact {res['exact_match_records']}, statuses {res['status_counts']}, "
               f"{t_first:.1f} s, second run {res['model_calls_second_run']} model calls", flush=True)
     write_json(args.out, {
-        "benchmark": "rewrite (issue 6): few-shot LLM g end to end",
+        "benchmark": "rewrite: few-shot LLM g end to end",
         "model": args.model, "backend": args.backend, "n_per_language": args.n, "seed": args.seed,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())},

@@ -1,4 +1,4 @@
-"""Benchmark of issue 15: the local backend's batched generation (LocalClient, `gen_batch_size` conversations per
+"""Benchmark: the local backend's batched generation (LocalClient, `gen_batch_size` conversations per
 `generate` call, shared prompt prefix) against one prompt at a time (`gen_batch_size=1`), same model, same prompts of
 the transgender-bias tasks (word association and allocation), greedy decoding. Records the wall time of each, the
 ratio, and whether every answer is identical. No answer cache is used (each path computes every answer).

@@ -1,4 +1,4 @@
-"""Tests of triage_cf.emulator (issue 5): prompts, label tokens, answer-only loss, training, resume, fast inference
+"""Tests of triage_cf.emulator: prompts, label tokens, answer-only loss, training, resume, fast inference
 against the paper's reference pipeline, every tiny model family, label distributions through an OpenAI-compatible
 server (the suite's one fake server, tests/fake_openai.py), and the SmolLM2 conversion. Tiny models only (seconds on a CPU); speed is measured in benchmarks/, not here."""
 import importlib.util

@@ -1,4 +1,4 @@
-"""Planted-bias recovery study (stage 08_recovery, issue 7): the library functions at tiny sizes.
+"""Planted-bias recovery study (stage 08_recovery): the library functions at tiny sizes.
 
 The grid, the checks on constructed metric tables, the planted truth's structure, the ideal learner's standard error
 against a numerical derivative of the oracle, one tiny end-to-end grid with resume and determinism, and the calibration

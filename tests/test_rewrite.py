@@ -1,6 +1,6 @@
-"""Rule-based rewriting function g (issue 6; paper sections 2.2, 2.4) and its validation.
+"""Rule-based rewriting function g (paper sections 2.2, 2.4) and its validation.
 
-Every case is written from the rules of issue 6: the patient's gendered words take the target sex, words about other
+Every case is written from the rules: the patient's gendered words take the target sex, words about other
 people keep their gender, nothing else changes (numbers, units, negations, drugs, abbreviations, spelling errors,
 punctuation, spacing, case, words merely containing a gendered string)."""
 from __future__ import annotations
@@ -372,7 +372,7 @@ def test_review_sample_two_strata_and_all_agree(tmp_path):
     assert r["cohen_kappa"] != r["cohen_kappa"]          # undefined (nan) when a single category is used by both
 
 
-# ---- issue 16: the three remaining error classes of g -------------------------------------------------------------
+# ---- three error classes of g found by new users -------------------------------------------------------------
 # Written from the rules (notebook 05a, "Sex-specific content", "English rules", "French rules"), not from outputs.
 
 # Appendix A terms match as whole words, each term with its forms listed explicitly (resources/sex_specific_forms_*.yaml)

@@ -1,4 +1,4 @@
-"""The few-shot LLM rewriting function g (issue 6; paper section 5.3, Appendix B.2): prompts and exemplars, strict
+"""The few-shot LLM rewriting function g (paper section 5.3, Appendix B.2): prompts and exemplars, strict
 parsing, the durable answer cache of the LLM layer (hit / miss / resume after a crash), validation of every answer, the
 local backend on a tiny model built from a config, the OpenAI-compatible backend against the suite's one fake server,
 the CLI, and the pair stage."""

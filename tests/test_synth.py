@@ -1,4 +1,4 @@
-"""The synthetic cohorts (triage_cf.synth, issue 4): determinism, the oracle's exact knob effects, sex-flipped twins,
+"""The synthetic cohorts (triage_cf.synth): determinism, the oracle's exact knob effects, sex-flipped twins,
 other-sex renderings that differ only in gendered words, cue-free notes, and what the cohort filters exist for."""
 import io
 import re
