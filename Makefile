@@ -53,6 +53,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/inference.py
 	$(BIN)/python benchmarks/metrics_bench.py
 	$(BIN)/python benchmarks/rewrite_bench.py
+	$(BIN)/python benchmarks/llm_client.py
+	$(BIN)/python benchmarks/plan_estimate.py
 
 clean-runs:
 	rm -rf runs/
