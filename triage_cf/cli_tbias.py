@@ -19,24 +19,23 @@ def _report(written: dict) -> None:
         print(f"note: {n} row(s) counted once, counted as unparsed/invalid or incomplete; see {written['issues']}", file=sys.stderr)
 
 
-def _cmd_allocation(args) -> int:
+def _analyse(analysis, args) -> int:
+    "Run `analysis(answers, out, n_boot, seed)` (an answers CSV in, tables out): 0, or 2 with the error on stderr."
     try:
-        written = allocation_from_csv(args.answers, args.out, n_boot=args.n_boot, seed=args.seed)
+        written = analysis(args.answers, args.out, n_boot=args.n_boot, seed=args.seed)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _report(written)
     return 0
+
+
+def _cmd_allocation(args) -> int:
+    return _analyse(allocation_from_csv, args)
 
 
 def _cmd_word_association(args) -> int:
-    try:
-        written = word_association_from_csv(args.answers, args.out, n_boot=args.n_boot, seed=args.seed)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    _report(written)
-    return 0
+    return _analyse(word_association_from_csv, args)
 
 
 def register(subparsers) -> None:
