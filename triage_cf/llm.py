@@ -407,9 +407,7 @@ class AnswerCache:
         with self._lock:
             self.con.close()
 
-# %% ../nbs/00b_llm.ipynb #517c721a
-_GEN_KEYS = ("max_tokens", "temperature", "seed", "stop", "top_logprobs")
-
+# %% ../nbs/00b_llm.ipynb #869274ac
 class LLMClient:
     "Base of the backends: caching, counters, progress (see above)."
     backend = "base"
@@ -449,23 +447,6 @@ class LLMClient:
         self._account(out, len(send), time.perf_counter() - t0, op)
         return out
 
-    def _account(self, out: list, sent: int, wall: float, op: str) -> None:
-        s = self.stats
-        s["calls"] += sent
-        s["cached"] += sum(bool(getattr(o, "cached", False)) for o in out)
-        s["failed"] += sum(getattr(o, "error", None) is not None for o in out)
-        s["prompt_tokens"] += sum(o.prompt_tokens or 0 for o in out if not getattr(o, "cached", False))
-        s["output_tokens"] += sum(getattr(o, "output_tokens", 0) or 0 for o in out if not getattr(o, "cached", False))
-        s["wall_s"] += wall
-        if self.progress or (self.progress is None and len(out) >= self.min_summary):
-            print(f"llm {self.backend} {op}: {len(out)} request(s), {sent} sent, "
-                  f"{sum(bool(getattr(o, 'cached', False)) for o in out)} cached, "
-                  f"{sum(getattr(o, 'error', None) is not None for o in out)} failed, {wall:.1f} s", flush=True)
-
-    def _bar(self, n: int, desc: str):
-        return tqdm(total=n, desc=f"{self.backend} {desc}", disable=not (self.progress or (self.progress is None and n >= self.min_summary)),
-                    leave=False)
-
     def generate(self, conversations: Sequence[Sequence[Mapping]], max_tokens: int | Sequence[int] = 256,
                  temperature: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None,
                  top_logprobs: int | None = None) -> list[Generation]:
@@ -496,6 +477,28 @@ class LLMClient:
 
     def describe(self) -> dict:
         return {**self.fingerprint, **{k: v for k, v in self.stats.items() if k != "wall_s"}}
+
+# %% ../nbs/00b_llm.ipynb #707d769d
+def _account(self, out: list, sent: int, wall: float, op: str) -> None:
+    "Add a call's results to `stats`; print the summary line of a long call."
+    s = self.stats
+    s["calls"] += sent
+    s["cached"] += sum(bool(getattr(o, "cached", False)) for o in out)
+    s["failed"] += sum(getattr(o, "error", None) is not None for o in out)
+    s["prompt_tokens"] += sum(o.prompt_tokens or 0 for o in out if not getattr(o, "cached", False))
+    s["output_tokens"] += sum(getattr(o, "output_tokens", 0) or 0 for o in out if not getattr(o, "cached", False))
+    s["wall_s"] += wall
+    if self.progress or (self.progress is None and len(out) >= self.min_summary):
+        print(f"llm {self.backend} {op}: {len(out)} request(s), {sent} sent, "
+              f"{sum(bool(getattr(o, 'cached', False)) for o in out)} cached, "
+              f"{sum(getattr(o, 'error', None) is not None for o in out)} failed, {wall:.1f} s", flush=True)
+
+def _bar(self, n: int, desc: str):
+    "A progress bar for a long call (hidden for short ones unless `progress`)."
+    return tqdm(total=n, desc=f"{self.backend} {desc}", disable=not (self.progress or (self.progress is None and n >= self.min_summary)),
+                leave=False)
+
+LLMClient._account, LLMClient._bar = _account, _bar
 
 # %% ../nbs/00b_llm.ipynb #0e7f43f6
 class LocalClient(LLMClient):
