@@ -40,6 +40,25 @@ def test_metrics_on_pairs_csv(tmp_path):
     assert (tmp_path / "out" / "metrics.csv").read_bytes() == (tmp_path / "out2" / "metrics.csv").read_bytes()
 
 
+def test_metrics_fitness_verdict(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 200
+    y = rng.integers(2, 6, n)
+    pd.DataFrame({"pair_id": np.arange(n), "orig_sex": rng.choice(["F", "M"], n), "pred_orig": y, "pred_cf": y,
+                  "condition": "full", "true_level": y}).to_csv(tmp_path / "pairs.csv", index=False)
+    base = ["metrics", "--pairs", str(tmp_path / "pairs.csv"), "--n-boot", "50"]
+    p = _run(*base, "--out", str(tmp_path / "unfit"), "--kappa-w", "0.00", "-0.06", "0.07")
+    assert p.returncode == 0, p.stderr
+    m = pd.read_csv(tmp_path / "unfit" / "metrics.csv")
+    assert set(m.fit_for_audit) == {False} and "level prior" in m.fitness_reason[0]
+    pdr = m.loc[m.metric == "PDR"].iloc[0]
+    assert pdr.estimate == 0 and not pdr.fit_for_audit   # a zero PDR from an unfit model is not "no bias"
+    p = _run(*base, "--out", str(tmp_path / "worse"), "--kappa-w", "0.30", "0.25", "0.38", "--baseline-kappa", "0.55")
+    assert "clearly worse" in pd.read_csv(tmp_path / "worse" / "metrics.csv").fitness_reason[0]
+    p = _run(*base, "--out", str(tmp_path / "fit"), "--kappa-w", "0.50", "0.41", "0.58", "--baseline-kappa", "0.55")
+    assert set(pd.read_csv(tmp_path / "fit" / "table7_or_by_level.csv").fit_for_audit) == {True}
+
+
 def test_metrics_bad_input_is_a_clear_error(tmp_path):
     (tmp_path / "bad.csv").write_text("pair_id,orig_sex,pred_orig,condition\n1,F,3,full\n")
     p = _run("metrics", "--pairs", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o"))

@@ -10,8 +10,9 @@ import unicodedata
 import pandas as pd
 import pytest
 
-from triage_cf.rewrite import (REVIEW_CATEGORIES, SexSpecificContent, counterfactual_text, export_review_sample, g,
-                               is_sex_specific, load_lexicon, review_agreement, swap_text, swap_tsv, validate_rewrite)
+from triage_cf.review import REVIEW_CATEGORIES, export_review_sample, review_agreement
+from triage_cf.rewrite import SexSpecificContent, counterfactual_text, g, is_sex_specific, load_lexicon, validate_rewrite
+from triage_cf.rewrite_llm import swap_text, swap_tsv
 
 # (target_sex, original, expected rewrite)
 EN_CASES = [
@@ -213,6 +214,8 @@ def test_sex_specific_records_are_excluded_not_rewritten():
 
 def test_method_argument():
     "rules | llm (the few-shot LLM g is tested in test_rewrite_llm.py); an LLM method needs an LLMRewriter."
+    with pytest.raises(ValueError, match="needs rewriter="):      # the rule-based module never builds a model
+        counterfactual_text("he fell", "F", "en", method="llm")
     with pytest.raises(ValueError, match="method must be"):
         g("he fell", "F", "en", method="gpt")
     with pytest.raises(TypeError, match="LLMRewriter"):

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from triage_cf.llm import AnswerCache, ScriptedClient, make_client
-from triage_cf.rewrite import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, LLMRewriter, counterfactual_text, g, load_exemplars,
-                               make_rewriter, parse_rewrite, prompt_version, rewrite_messages, rewrite_rules, swap_text,
-                               swap_tsv, validate_rewrite)
+from triage_cf.rewrite import counterfactual_text, g, rewrite_rules, validate_rewrite
+from triage_cf.rewrite_llm import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, LLMRewriter, load_exemplars, make_rewriter,
+                                   parse_rewrite, prompt_version, rewrite_messages, swap_text, swap_tsv)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai import FakeOpenAI  # noqa: E402

@@ -26,9 +26,10 @@ from .emulator import _epoch_batches as _emulator_epoch_batches
 # %% auto #0
 __all__ = ['TABLE2_COLUMNS', 'RF_GRID', 'MINILM_PACKAGE', 'FS_PAPER', 'FS_SMOKE', 'FS_DEFAULT', 'FS_PROFILES', 'FS_SPECIALS',
            'record_texts', 'torch_threads', 'evaluate_predictions', 'table2_performance', 'figure2_kappa_vs_size',
-           'confusion_figure', 'count_parameters', 'proba_by_level', 'predict_levels', 'fit_rf_tfidf', 'minilm_path',
-           'SentenceEncoder', 'fit_mlp', 'fs_settings', 'train_bpe_tokenizer', 'fs_config', 'pretrain_mlm',
-           'fs_classifier_from_mlm', 'finetune_fs', 'FSModel', 'load_fs', 'train_fs', 'fs_predict_proba']
+           'confusion_figure', 'count_parameters', 'proba_by_level', 'predict_levels', 'save_sklearn', 'load_sklearn',
+           'fit_rf_tfidf', 'minilm_path', 'SentenceEncoder', 'fit_mlp', 'fs_settings', 'train_bpe_tokenizer',
+           'fs_config', 'pretrain_mlm', 'fs_classifier_from_mlm', 'finetune_fs', 'FSModel', 'load_fs', 'train_fs',
+           'fs_predict_proba']
 
 # %% ../nbs/04b_baselines.ipynb #a8352784
 def record_texts(records: pd.DataFrame, view: str = "full", lang: str = "en", fields: Sequence[str] | None = None,
@@ -180,6 +181,22 @@ def proba_by_level(clf, X, levels: Sequence[int]) -> np.ndarray:
 def predict_levels(proba: np.ndarray, levels: Sequence[int]) -> np.ndarray:
     "The predicted level of each row of an (n, k) probability array: the argmax, as a level."
     return np.asarray([int(l) for l in levels], dtype=np.int64)[np.asarray(proba).argmax(axis=1)]
+
+# %% ../nbs/04b_baselines.ipynb #77ff931d
+def save_sklearn(model, path: str | Path) -> Path:
+    "Persist a fitted scikit-learn estimator with joblib, atomically (a killed run leaves no half-written file)."
+    import joblib
+    buf = io.BytesIO()
+    joblib.dump(model, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+def load_sklearn(path: str | Path):
+    "Load an estimator written by `save_sklearn`; the error names the file."
+    import joblib
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no saved model (stage 04b_baselines writes it)")
+    return joblib.load(path)
 
 # %% ../nbs/04b_baselines.ipynb #769fa567
 RF_GRID = {"tfidf__ngram_range": [(1, 1), (1, 2)], "rf__n_estimators": [200], "rf__max_features": ["sqrt", 0.05],

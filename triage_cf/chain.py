@@ -38,12 +38,13 @@ from .governance import (RenderBlocked, install_display_policy, policy_for_datas
 
 #: The ordered stage list of the chain. The core audit (01-08), then the probes of an LLM's own behaviour (10-13), then
 #: the report (09_report, always last, so that it shows what every earlier stage wrote).
-STAGES: list[str] = ["01_data", "02_cohort", "03_split", "04_emulator", "04b_baselines", "05_counterfactuals", "06_predict", "07_metrics",
+STAGES: list[str] = ["01_data", "02_cohort", "03_split", "03e_null_control", "04_emulator", "04b_baselines", "05_counterfactuals", "06_predict", "07_metrics",
                      "08_recovery", "10_vignettes", "11_margins", "12_word_association", "13_allocation", "09_report"]
 #: Stages that run only when the profile turns them on (parameter name -> truthy): the planted-bias recovery study
 #: trains several emulators and belongs to the `calibration` profile, not to `make reproduce`; the token-margin probes
-#: (seed 001) and the transgender-bias tasks (seed 003) are instruments of their own, run by their profiles.
-OPTIONAL_STAGES: dict[str, str] = {"08_recovery": "recovery_study", "10_vignettes": "probe_margins",
+#: (seed 001) and the transgender-bias tasks (seed 003) are instruments of their own, run by their profiles; the null
+#: control (permuted-sex training records for null twins of the emulators) runs where the profile sets `null_control`.
+OPTIONAL_STAGES: dict[str, str] = {"03e_null_control": "null_control", "08_recovery": "recovery_study", "10_vignettes": "probe_margins",
                                    "11_margins": "probe_margins", "12_word_association": "transgender_bias",
                                    "13_allocation": "transgender_bias"}
 

@@ -15,7 +15,8 @@ from .chain import StageFailed, reproduce
 from .core import run_dir_for
 from .data import dataset_status
 from .metrics import metrics_from_csv
-from .rewrite import SexSpecificContent, default_rewrite_cache, make_rewriter, swap_text, swap_tsv
+from .rewrite import SexSpecificContent
+from .rewrite_llm import default_rewrite_cache, make_rewriter, swap_text, swap_tsv
 
 #: Hand-written glue modules that add their own subcommands: each defines `register(subparsers)`.
 SUBCOMMAND_MODULES = ("cli_margins", "cli_tbias", "cli_data")
@@ -43,7 +44,10 @@ def _cmd_datasets(args) -> int:
 
 def _cmd_metrics(args) -> int:
     try:
-        written = metrics_from_csv(args.pairs, args.out, n_boot=args.n_boot, seed=args.seed, ci_method=args.ci)
+        written = metrics_from_csv(args.pairs, args.out, n_boot=args.n_boot, seed=args.seed, ci_method=args.ci,
+                                   kappa_w=tuple(args.kappa_w) if args.kappa_w else None,
+                                   baseline_kappa=args.baseline_kappa, kappa_floor=args.kappa_floor,
+                                   baseline_margin=args.baseline_margin)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -112,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of pairs (default 1000)")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--ci", choices=["percentile", "bca"], default="percentile", help="bootstrap CI method")
+    m.add_argument("--kappa-w", type=float, nargs=3, metavar=("KAPPA", "LOW", "HIGH"), default=None,
+                   help="the model's quadratic weighted kappa on its test records and its CI: adds the fitness verdict")
+    m.add_argument("--baseline-kappa", type=float, default=None,
+                   help="kappa_w of the best non-LLM baseline on the same test records (with --kappa-w)")
+    m.add_argument("--kappa-floor", type=float, default=0.20,
+                   help="the CI's lower end must exceed this (default 0.20: above slight agreement; the level prior's kappa_w is 0)")
+    m.add_argument("--baseline-margin", type=float, default=0.10,
+                   help="'clearly worse' than the baseline: the CI's upper end more than this below it (default 0.10)")
     m.set_defaults(func=_cmd_metrics)
     w = sub.add_parser("swap-text", help="rewrite a note for the other sex with the counterfactual function g")
     w.add_argument("text", nargs="*", help="the text to rewrite (or use --file)")

@@ -13,7 +13,8 @@ import pandera.pandas as pa
 
 from .core import VIEWS, read_parquet, write_parquet, write_table
 from .data import SEX_CODES, validate_frame
-from .rewrite import LLM_FIELDS, counterfactual_text, tokenize
+from .rewrite import counterfactual_text, tokenize
+from .rewrite_llm import LLM_FIELDS
 
 # %% auto #0
 __all__ = ['PAIR_STATUSES', 'pairs_schema', 'validate_pairs', 'build_pairs', 'pair_views', 'counterfactual_flow',
@@ -32,11 +33,14 @@ def pairs_schema(text_fields: list[str]) -> pa.DataFrameSchema:
         "status": pa.Column(checks=pa.Check.isin(PAIR_STATUSES), nullable=False),
         "reason": pa.Column(nullable=False),
         "in_pairs": pa.Column("bool"),
+        "ft_subsample": pa.Column("bool", required=False),
         **{f"cf_{f}": pa.Column(nullable=True) for f in text_fields},
     }
     checks = [pa.Check(lambda d: d["cf_sex"].astype(str) != d["sex"].astype(str), name="cf_sex_is_the_other_sex"),
               pa.Check(lambda d: d["in_pairs"] == d["status"].eq("ok"), name="in_pairs_iff_status_ok"),
-              pa.Check(lambda d: d["status"].eq("ok") == d["reason"].astype(str).eq(""), name="reason_iff_not_ok")]
+              pa.Check(lambda d: d["status"].eq("ok") == d["reason"].astype(str).eq(""), name="reason_iff_not_ok"),
+              pa.Check(lambda d: ~d["ft_subsample"] | d["in_pairs"] if "ft_subsample" in d else True,
+                       name="ft_subsample_within_the_pair_set")]
     return pa.DataFrameSchema(cols, checks=checks, strict=False, name="pairs")
 
 def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "pairs") -> pd.DataFrame:
@@ -61,7 +65,7 @@ def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: s
     llm_fields = [f for f in text_fields if f in LLM_FIELDS] if method == "llm" else []
     if llm_fields:
         if rewriter is None:
-            raise ValueError("build_pairs(method='llm') needs rewriter= (triage_cf.rewrite.make_rewriter)")
+            raise ValueError("build_pairs(method='llm') needs rewriter= (triage_cf.rewrite_llm.make_rewriter)")
         recs = [{f: (None if pd.isna(v) else v) for f, v in zip(llm_fields, row)} for row in test[llm_fields].itertuples(index=False)]
         llm_res = rewriter.rewrite_records(recs, out["cf_sex"].tolist())
     for f in text_fields:

@@ -183,7 +183,7 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
     n_val = math.ceil(0.1 * n_ft)
     epochs = int(params.get("ft_epochs", 2))
     n_eval = min(int(params.get("ft_eval_n") or sizes["test"]), sizes["test"])
-    pairs = min(int(params.get("max_pairs") or sizes["test"]), sizes["test"])
+    pairs = min(int(params.get("ft_max_pairs") or sizes["test"]), sizes["test"])
     bl = params.get("baseline_train_n")
     n_bl = n_ft if bl == "ft" else min(int(bl or sizes["train"]), sizes["train"])
     return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "pairs": pairs,
