@@ -103,12 +103,12 @@ def test_cached_stages_of_a_real_run_folder(tmp_path, capsys):
     from triage_cf.chain import _code_fingerprint
     run = tmp_path / "run"
     code = _code_fingerprint()
-    reproduce("synth-en", "smoke", out=run, until="04_emulator", quiet=True)  # 01_data, 02_cohort, 03_split
+    reproduce("synth-en", "smoke", out=run, until="04_emulator", quiet=True)  # 01_data, 02_cohort, 03_split, 03e_null_control
     p = plan("synth-en", "smoke", run_dir=run)
     if _code_fingerprint() != code:  # the chain keys stages on the package code (shared development trees)
         pytest.skip("a file of triage_cf/ changed while this test ran, which un-caches every stage by the chain's rule")
     status = {r["stage"]: r["status"] for r in p["stages"]}
-    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split"], p["stages"]
+    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "03e_null_control"], p["stages"]
     assert p["sizes"]["basis"].startswith("exact") and p["sizes"]["records"] == 400
     assert p["sizes"]["train"] + p["sizes"]["test"] == p["sizes"]["cohort"] == 355
     why = {r["stage"]: r["why"] for r in p["stages"]}

@@ -1,8 +1,9 @@
 """Planted-bias recovery study (stage 08_recovery): the library functions at tiny sizes.
 
-The grid, the checks on constructed metric tables, the planted truth's structure, the ideal learner's standard error
-against a numerical derivative of the oracle, one tiny end-to-end grid with resume and determinism, and the calibration
-profile's parameters against the notebook's parameters cell."""
+The grid, the checks and the power-aware recovery classes on constructed metric tables, the planted truth's structure,
+the ideal learner's standard error against a numerical derivative of the oracle, one tiny end-to-end grid with resume and
+determinism, the MLP emulator beside the tiny Llama (its own pairs, the shared embedding cache, the LLM's results kept),
+and the calibration profile's parameters against the notebook's parameters cell."""
 import json
 import shutil
 from pathlib import Path
@@ -29,6 +30,8 @@ def test_condition_grid():
     assert t.loc["tab_x2", "bias_tab"] == pytest.approx(0.018) and t.loc["tab_x2", "bias_text"] == 0
     assert t.loc["text_x1", "bias_tab"] == 0 and t.loc["text_x1", "bias_text"] == pytest.approx(0.009)
     assert (t.loc["none", ["bias_tab", "bias_text"]].to_numpy() == 0).all()
+    cal = R.condition_grid(0.009, 0.009, scales=(0, 1, 2, 5, 10), seed=42, null_seeds=4)
+    assert len(cal) == 4 + 4 * 3 and cal.set_index("condition").loc["both_x5", "bias_text"] == pytest.approx(0.045)
     with pytest.raises(ValueError, match="must be > 0"):
         R.condition_grid(0.0, 0.01)
     with pytest.raises(ValueError, match="positive integer"):
@@ -88,6 +91,91 @@ def test_coverage_and_summary_constructed():
     assert not s.loc[("none", 2, "FT", "NMDF"), "attributed_ok"] and s.loc[("none", 1, "FT", "NMDF"), "attributed_ok"]
 
 
+def test_recovery_class_every_class_and_boundary():
+    rc = R.recovery_class
+    # (model CI, truth, oracle CI) -> class
+    cases = [
+        ((0.01, 0.05), 0.02, (0.005, 0.04), "recovered"),
+        ((-0.05, -0.01), -0.02, (-0.04, -0.005), "recovered"),       # negative truth, CI below 0
+        ((0.001, 0.05), 0.02, (-0.01, 0.04), "recovered"),           # a detection counts even where the oracle sees nothing
+        ((-0.05, -0.001), 0.02, (0.005, 0.04), "wrong"),
+        ((0.001, 0.05), -0.02, (-0.04, -0.005), "wrong"),
+        ((0.0, 0.05), 0.02, (0.005, 0.04), "missed"),                 # a CI touching 0 covers it
+        ((-0.05, 0.0), -0.02, (-0.04, -0.005), "missed"),
+        ((-0.01, 0.05), 0.02, (0.0, 0.04), "not_powered"),            # the oracle's CI touching 0 is no detection
+        ((-0.01, 0.05), 0.02, (-0.01, 0.04), "not_powered"),
+        ((-0.01, 0.05), 0.02, (np.nan, np.nan), "not_powered"),       # the oracle's metric undefined on these pairs
+        ((0.0, 0.0), 0.0, (0.0, 0.0), "quiet"),
+        ((-0.02, 0.0), 0.0, (np.nan, np.nan), "quiet"),
+        ((0.0001, 0.02), 0.0, (0.0, 0.0), "false_positive"),
+        ((-0.02, -0.0001), 0.0, (0.0, 0.0), "false_positive"),
+        ((np.nan, np.nan), 0.02, (0.005, 0.04), "undefined"),
+        ((0.01, 0.05), np.nan, (0.005, 0.04), "undefined"),
+    ]
+    for (lo, hi), truth, (olo, ohi), want in cases:
+        assert rc(lo, hi, truth, olo, ohi) == want, (lo, hi, truth, olo, ohi)
+    assert set(w for *_, w in cases) == set(R.RECOVERY_CLASSES)
+    with pytest.raises(ValueError, match="ci_low"):
+        rc(0.05, 0.01, 0.02, 0.0, 0.1)
+
+
+def _classable(rows):
+    "Constructed rows (model, emulator, view, metric, ci_low, ci_high, truth) of one planted tab_x1 condition, checked."
+    t = pd.DataFrame([dict(condition="tab_x1", knob="tab", scale=1.0, seed=42, dataset="toy", emulator=e, model=m,
+                           n_pairs=np_, **_row(v, met, (lo + hi) / 2, lo, hi, tr))
+                      for m, e, np_, v, met, lo, hi, tr in rows])
+    return R.add_checks(t)
+
+
+def test_classify_recovery_uses_each_emulators_own_oracle():
+    rows = [  # the FT and MLP rows of tab_iso female_skew have the same CI; the oracles on their pairs differ
+        ("FT", "tiny-llama", 2000, "tab_iso", "female_skew", -0.01, 0.03, 0.02),
+        ("oracle", "tiny-llama", 2000, "tab_iso", "female_skew", 0.005, 0.03, 0.02),
+        ("MLP", "mlp", 400, "tab_iso", "female_skew", -0.01, 0.03, 0.02),
+        ("oracle", "mlp", 400, "tab_iso", "female_skew", -0.01, 0.05, 0.02),
+        ("FT", "tiny-llama", 2000, "text_iso", "female_skew", 0.001, 0.02, 0.0),     # nothing planted on text_iso
+        ("oracle", "tiny-llama", 2000, "text_iso", "female_skew", 0.0, 0.0, 0.0),
+        ("MLP", "mlp", 400, "text_iso", "female_skew", -0.01, 0.02, 0.0),
+        ("oracle", "mlp", 400, "text_iso", "female_skew", 0.0, 0.0, 0.0),
+        ("FT", "tiny-llama", 2000, "full", "PDR", 0.1, 0.2, 0.05),                   # a rate: no class
+        ("oracle", "tiny-llama", 2000, "full", "PDR", 0.01, 0.05, 0.05),
+        ("MLP", "mlp", 400, "full", "NMDF", -0.05, -0.01, 0.02),                     # wrong sign
+        ("oracle", "mlp", 400, "full", "NMDF", 0.01, 0.03, 0.02),
+    ]
+    c = R.classify_recovery(_classable(rows))
+    got = [None if pd.isna(v) else v for v in c["recovery_class"]]
+    assert got == ["missed", "recovered", "not_powered", "not_powered", "false_positive", "quiet", "quiet", "quiet",
+                   None, None, "wrong", "recovered"]
+    assert [None if pd.isna(v) else bool(v) for v in c["oracle_detects"]] == [True, True, False, False, False, False, False,
+                                                                              False, None, None, True, True]
+    with pytest.raises(ValueError, match="no oracle row"):
+        R.classify_recovery(_classable(rows[:1]))
+    with pytest.raises(ValueError, match="duplicated oracle"):
+        R.classify_recovery(_classable(rows[:2] + rows[1:2]))
+    with pytest.raises(KeyError, match="emulator"):
+        R.classify_recovery(_classable(rows).drop(columns="emulator"))
+
+
+def test_recovery_classes_counts_per_emulator_knob_and_scale():
+    rows = []
+    for scale, ft_lo in ((1.0, -0.01), (5.0, 0.01)):     # FT misses at scale 1 (the oracle detects), recovers at 5
+        for view, tr in (("full", 0.02), ("tab_iso", 0.02), ("text_iso", 0.0)):
+            for metric in R.HEADLINE_METRICS:
+                rows += [("FT", "tiny-llama", 1500 + int(scale), view, metric, ft_lo if tr else -0.01, 0.03, tr),
+                         ("oracle", "tiny-llama", 1500 + int(scale), view, metric, 0.005 if tr else 0.0, 0.03 if tr else 0.0, tr)]
+    parts = []
+    for scale in (1.0, 5.0):
+        sub = [r for r in rows if r[2] == 1500 + int(scale)]
+        parts.append(_classable(sub).assign(scale=scale, condition=f"tab_x{scale:g}"))
+    k = R.recovery_classes(R.classify_recovery(pd.concat(parts, ignore_index=True)))
+    assert list(k.columns) == R.CLASS_TABLE_KEYS + ["n_conditions", "pairs_min", "pairs_max", "n_checks"] + list(R.RECOVERY_CLASSES)
+    k = k.set_index(["model", "scale"])
+    assert k.loc[("FT", 1.0), ["n_checks", "recovered", "missed", "wrong", "not_powered", "quiet"]].tolist() == [6, 0, 4, 0, 0, 2]
+    assert k.loc[("FT", 5.0), ["recovered", "missed", "quiet", "pairs_min", "pairs_max"]].tolist() == [4, 0, 2, 1505, 1505]
+    assert k.loc[("oracle", 1.0), ["recovered", "wrong", "not_powered", "quiet"]].tolist() == [4, 0, 0, 2]
+    assert k.index.get_level_values("model").tolist() == ["FT", "FT", "oracle", "oracle"]
+
+
 @pytest.fixture(scope="module")
 def settings():
     man = load_manifest("synth-en")
@@ -137,6 +225,15 @@ def test_settings_key_identifies_results(settings):
     assert k == R.RecoverySettings(**{**settings.__dict__, "predict_batch_size": 3}).key(0.0, 0.0, 1)
     assert k != R.RecoverySettings(**{**settings.__dict__, "epochs": 2}).key(0.0, 0.0, 1)
     assert k != settings.key(0.0, 0.001, 1) and k != settings.key(0.0, 0.0, 2)
+    # the LLM's result key ignores the MLP's settings (adding the MLP keeps the LLM's results), and vice versa
+    both = R.RecoverySettings(**{**settings.__dict__, "emulators": ("tiny-llama", "mlp"), "mlp_pairs": 5})
+    assert both.key(0.0, 0.0, 1, "tiny-llama") == k and both.key(0.0, 0.0, 1, "mlp") != k
+    assert both.key(0.0, 0.0, 1, "mlp") == R.RecoverySettings(**{**both.__dict__, "epochs": 3}).key(0.0, 0.0, 1, "mlp")
+    assert both.key(0.0, 0.0, 1, "mlp") != R.RecoverySettings(**{**both.__dict__, "mlp_pairs": 6}).key(0.0, 0.0, 1, "mlp")
+    with pytest.raises(ValueError, match="at most one LLM"):
+        R.RecoverySettings(**{**settings.__dict__, "emulators": ("tiny-llama", "smollm2")})
+    with pytest.raises(ValueError, match="distinct"):
+        R.RecoverySettings(**{**settings.__dict__, "emulators": ()})
 
 
 def test_run_grid_resume_and_determinism(settings, tmp_path):
@@ -163,13 +260,48 @@ def test_run_grid_resume_and_determinism(settings, tmp_path):
     files[1].unlink()
     logs = []
     R.run_grid(grid, settings, tmp_path, log=logs.append)
-    assert logs[0].startswith("1 of 2 conditions already done") and [f.stat().st_mtime_ns for f in files][0] == mtimes[0]
+    assert logs[0].startswith("1 of 2 condition runs already done") and [f.stat().st_mtime_ns for f in files][0] == mtimes[0]
     assert [sha256_file(f) for f in files] == sha
     # two worker processes give the same results as one (torch runs on `threads` threads inside every condition)
     for f in files:
         f.unlink()
     R.run_grid(grid, settings, tmp_path, workers=2, log=lambda s: None)
     assert [sha256_file(f) for f in files] == sha
+
+
+def test_mlp_beside_the_llm(settings, tmp_path):
+    grid = R.condition_grid(0.014, 0.014, scales=(0, 20), knobs=("tab",), seed=3, null_seeds=1)
+    R.run_grid(grid.iloc[:1], settings, tmp_path, log=lambda s: None)              # the LLM alone first
+    ft_file = R.result_path(tmp_path, settings, grid.iloc[0])
+    mtime = ft_file.stat().st_mtime_ns
+    both = R.RecoverySettings(**{**settings.__dict__, "emulators": ("tiny-llama", "mlp"), "mlp_pairs": 6})
+    logs = []
+    runs = R.run_grid(grid, both, tmp_path, log=logs.append)
+    # adding the MLP keeps the LLM's finished result; the LLM's rows run first
+    assert logs[0].startswith("1 of 4 condition runs already done") and ft_file.stat().st_mtime_ns == mtime
+    assert runs["model"].tolist() == ["FT", "FT", "MLP", "MLP"] and runs["emulator"].tolist()[2:] == ["mlp", "mlp"]
+    assert (runs.loc[runs.model == "MLP", "n_pairs"] <= 6).all() and (runs.loc[runs.model == "FT", "n_pairs"] > 6).all()
+    assert (runs.loc[runs.model == "MLP", "n_embedded"] > 0).all() and runs.loc[runs.model == "FT", "n_embedded"].isna().all()
+    long = R.load_results(grid, both, tmp_path)
+    for emu, g in long.groupby("emulator"):   # each emulator's file holds the oracle on exactly its own pairs
+        ids = {m: set(zip(d.condition, d.pair_id, d.view)) for m, d in g.groupby("model")}
+        assert set(ids) == {R.emulator_model(emu), "oracle"} and ids[R.emulator_model(emu)] == ids["oracle"]
+    # a rerun of an MLP condition reads every embedding from the run's shared cache and gives the same file
+    f = R.result_path(tmp_path, both, grid.iloc[1], "mlp")
+    sha = sha256_file(f)
+    f.unlink()
+    again = R.run_condition(grid.iloc[1], both, tmp_path, "mlp")
+    assert again["n_embedded"] == 0 and sha256_file(f) == sha
+    # the stage's tables: classes per emulator, the oracle never wrong
+    truth = pd.concat([R.planted_truth(both, r.bias_tab, r.bias_text, 400, 9).assign(bias_tab=r.bias_tab, bias_text=r.bias_text)
+                       for r in grid.itertuples()], ignore_index=True)
+    table = R.recovery_table(long, grid, truth, "synth-en", n_boot=50)
+    assert set(table["model"]) == {"FT", "MLP", "oracle"} and table.loc[table.metric.isin(R.SIGNED_METRICS), "recovery_class"].notna().all()
+    k = R.recovery_classes(table)
+    assert set(zip(k.emulator, k.model)) == {("tiny-llama", "FT"), ("tiny-llama", "oracle"), ("mlp", "MLP"), ("mlp", "oracle")}
+    assert k.loc[k.model == "oracle", "wrong"].sum() == 0
+    assert (k.loc[k.knob == "none", ["recovered", "missed", "wrong", "not_powered"]].to_numpy() == 0).all()
+    assert (k.loc[k.model == "MLP", "pairs_max"] <= 6).all() and (k["n_checks"] == k[list(R.RECOVERY_CLASSES)].sum(axis=1)).all()
 
 
 def test_recovery_table_on_constructed_predictions(settings):
@@ -186,7 +318,7 @@ def test_recovery_table_on_constructed_predictions(settings):
                 bump = np.arange(n) % 10 == 0
                 yc = np.where(bump & (sex == "M"), y + 1, np.where(bump & (sex == "F"), y - 1, y))
             rows.append(pd.DataFrame(dict(pair_id=np.arange(n), orig_sex=sex, pred_orig=y, pred_cf=yc, view=view,
-                                          true_level=base, model=model, condition="tab_x1", seed=42)))
+                                          true_level=base, model=model, condition="tab_x1", seed=42, emulator="tiny-llama")))
     long = pd.concat(rows, ignore_index=True)
     grid = R.condition_grid(0.01, 0.01, scales=(1,), knobs=("tab",), seed=42)
     truth = pd.DataFrame([dict(bias_tab=0.01, bias_text=0.0, view=v, metric=m, truth=(0.0 if v == "text_iso" else
@@ -203,8 +335,13 @@ def test_recovery_table_on_constructed_predictions(settings):
     assert fs.loc[("FT", "full"), "sign_ok"] and fs.loc[("FT", "tab_iso"), "attributed_ok"]
     assert fs.loc[("FT", "text_iso"), "covers_zero"] and fs.loc[("FT", "text_iso"), "attributed_ok"]
     assert fs.loc[("FT", "full"), "estimate"] == pytest.approx(0.2)   # DTS_M_to_F 0.1 - DTS_F_to_M (-0.1)
+    # FT and oracle predict alike: both recover the tabular effect where it is planted, and stay quiet on text_iso
+    assert fs.loc[("FT", "full"), "recovery_class"] == "recovered" and fs.loc[("FT", "text_iso"), "recovery_class"] == "quiet"
+    assert fs.loc[("oracle", "tab_iso"), "oracle_detects"] and pd.isna(t.loc[t.metric == "PDR", "recovery_class"]).all()
     with pytest.raises(ValueError, match="not in the grid"):
         R.recovery_table(long.assign(condition="both_x9"), grid, truth, "synth-en", n_boot=10)
+    with pytest.raises(KeyError, match="emulator"):
+        R.recovery_table(long.drop(columns="emulator"), grid, truth, "synth-en", n_boot=10)
 
 
 def test_calibration_profile_matches_the_notebook():
@@ -215,7 +352,9 @@ def test_calibration_profile_matches_the_notebook():
         assert p["recovery_study"] is True
         keys = {k for k in p if k.startswith("recovery_") and k != "recovery_study"}
         assert keys <= declared, f"calibration keys the notebook does not declare: {sorted(keys - declared)}"
-        assert 0 in p["recovery_scales"] and 1 in p["recovery_scales"] and 2 in p["recovery_scales"]
+        assert {0, 1, 2, 5, 10} <= set(p["recovery_scales"])
+        assert p["recovery_pairs"] is None      # every pair of the test split
+        R.RecoverySettings(ds, load_manifest(ds), emulators=p["recovery_emulators"])   # valid emulators
         assert p["recovery_null_seeds"] >= 3 and set(p["recovery_knobs"]) == {"both", "tab", "text"}
         assert p["synth"]["n_records"] > 0 and p["recovery_n_records"] > 2 * p["recovery_train_n"]
     # the default profile (make reproduce) does not run the study

@@ -347,8 +347,8 @@ def fitness_verdict(kappa: float, ci_low: float, ci_high: float, best_baseline: 
     if not np.isfinite([kappa, ci_low, ci_high]).all():
         return False, "kappa_w undefined on the test records: no evidence that the model learned the nurses' decisions"
     if ci_low <= kappa_floor:
-        return False, (f"{k}: the CI reaches the floor {kappa_floor:g} (the level prior's kappa_w is 0), so the model has "
-                       "not been shown to emulate the nurses; its bias metrics (a zero included) are not findings")
+        return False, (f"{k}: the CI reaches the floor {kappa_floor:g} (the level prior's kappa_w is 0): the model has "
+                       "not been shown to emulate the nurses")
     if best_baseline_kappa is not None and np.isfinite(best_baseline_kappa) and ci_high < best_baseline_kappa - baseline_margin:
         return False, (f"{k}: clearly worse than the best non-LLM baseline {best_baseline or ''} (kappa_w "
                        f"{best_baseline_kappa:.2f}; even the CI's upper end is more than {baseline_margin:g} below)")

@@ -36,7 +36,7 @@ CPU_MEASURED = {
     "data_s_per_record": 2.2e-4,            # 01_data on synthetic records (20,000 generated here), CPU-s per record
     "cohort_s_per_record": 3.4e-5,          # 02_cohort rules, CPU-s per record (same measurement)
     "tiny_s_per_prompt": {"en": 46 / 26100, "fr": 60 / 26100},  # recovery condition CPU-s / (3 x 7,500 trained + 3,600 scored)
-    "recovery_cpu_s_per_condition": {"en": 46.0, "fr": 60.0},   # README, recovery study
+    "recovery_cpu_s_per_condition": {"en": 84.0, "fr": 127.0},   # README, recovery study (every test pair scored)
 }
 #: Measured mean / max prompt tokens per view (SmolLM2 tokenizer, 300 default-profile cohort records; the demo's 207).
 PROMPT_TOKENS = {
@@ -213,7 +213,7 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         return light + sizes["records"] * CPU_MEASURED["data_s_per_record"]
     if stage == "02_cohort":
         return light + sizes["records"] * CPU_MEASURED["cohort_s_per_record"]
-    if stage in ("03_split", "05_counterfactuals", "07_metrics", "09_report"):
+    if stage in ("03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report"):
         return light
     if stage == "04_emulator":
         return (light + ms(wl["train_tokens"], wl["ft_train"] * wl["epochs"], "train")
@@ -236,7 +236,7 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
     return {"04b_baselines": "measured CPU time scaled by training records (FS on a GPU is faster)",
             "08_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
             "02_cohort": "light stage + s/record measured"}.get(stage, "measured light-stage time" if stage in (
-            "03_split", "05_counterfactuals", "07_metrics", "09_report") else "no measurement")
+            "03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report") else "no measurement")
 
 # %% ../nbs/00d_plan.ipynb #635e5799
 def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | Path | None = None) -> dict[str, str]:

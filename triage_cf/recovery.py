@@ -19,6 +19,7 @@ import pandas as pd
 
 from scipy.special import expit
 
+from .baselines import SentenceEncoder, fit_mlp, proba_by_level, record_texts
 from .cohort import apply_cohort
 from .core import VIEWS, read_parquet, sha256_text, write_json, write_parquet
 from .counterfactuals import build_pairs
@@ -26,14 +27,16 @@ from .data import load_records
 from .emulator import render_patient, render_prompts, system_instruction, train_emulator
 from .llm import LocalClient, bf16_pays, default_model_path, load_causal_lm, tiny_causal_lm, tiny_tokenizer
 from .metrics import METRICS, point_metrics, table3
-from .predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics
+from .predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
 from .split import stratified_split
 from .synth import CUTPOINTS, DEFAULT_KNOBS, LEVELS, exact_counterfactual_pair, oracle_latent, oracle_proba
 
 # %% auto #0
-__all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'SIGNED_METRICS', 'HEADLINE_METRICS', 'GRID_COLUMNS', 'RESULT_VERSION', 'TABLE_COLUMNS',
-           'condition_grid', 'expected_move', 'add_checks', 'coverage_table', 'recovery_summary', 'RecoverySettings',
-           'condition_cohort', 'stratified_subsample', 'planted_truth', 'knob_standard_errors', 'result_path',
+__all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'SIGNED_METRICS', 'HEADLINE_METRICS', 'GRID_COLUMNS', 'RECOVERY_CLASSES', 'CLASS_KEYS',
+           'CLASS_TABLE_KEYS', 'RESULT_VERSION', 'MLP', 'LLM_SETTINGS', 'MLP_SETTINGS', 'TABLE_COLUMNS',
+           'condition_grid', 'expected_move', 'add_checks', 'recovery_class', 'classify_recovery', 'coverage_table',
+           'recovery_summary', 'recovery_classes', 'emulator_model', 'RecoverySettings', 'condition_cohort',
+           'stratified_subsample', 'planted_truth', 'knob_standard_errors', 'result_path', 'condition_data',
            'run_condition', 'run_grid', 'load_results', 'recovery_table', 'condition_label', 'figure_recovery']
 
 # %% ../nbs/08_recovery.ipynb #fb001768
@@ -109,13 +112,62 @@ def add_checks(table: pd.DataFrame) -> pd.DataFrame:
     t["attributed_ok"] = attributed
     return t
 
+# %% ../nbs/08_recovery.ipynb #2a438f2a
+#: The classes of `recovery_class`, in reporting order.
+RECOVERY_CLASSES = ("recovered", "missed", "wrong", "not_powered", "quiet", "false_positive", "undefined")
+
+def _excludes_zero(lo: float, hi: float) -> bool:
+    return not (pd.isna(lo) or pd.isna(hi)) and (lo > 0 or hi < 0)
+
+def recovery_class(ci_low: float, ci_high: float, truth: float, oracle_low: float = np.nan, oracle_high: float = np.nan) -> str:
+    "Class of a model's CI [ci_low, ci_high] given the planted `truth` and the oracle's CI on the same pairs (table above)."
+    if pd.isna(ci_low) or pd.isna(ci_high) or pd.isna(truth):
+        return "undefined"
+    if ci_low > ci_high:
+        raise ValueError(f"recovery_class: ci_low {ci_low} > ci_high {ci_high}")
+    if truth == 0:
+        return "false_positive" if _excludes_zero(ci_low, ci_high) else "quiet"
+    if _excludes_zero(ci_low, ci_high):
+        return "recovered" if (ci_low > 0) == (truth > 0) else "wrong"
+    return "missed" if _excludes_zero(oracle_low, oracle_high) else "not_powered"
+
+CLASS_KEYS = ["condition", "seed", "emulator", "view", "metric"]
+
+def classify_recovery(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with `oracle_detects` (the oracle's CI on the same pairs, view and metric excludes 0) and `recovery_class`
+    (signed metrics; missing for the rates). Rows are matched to the oracle of the same condition, seed and emulator."""
+    need = CLASS_KEYS + ["model", "ci_low", "ci_high", "truth"]
+    missing = [c for c in need if c not in table.columns]
+    if missing:
+        raise KeyError(f"classify_recovery: the table lacks column(s) {missing}")
+    t = table.copy()
+    orc = t[t["model"] == "oracle"].set_index(CLASS_KEYS)[["ci_low", "ci_high"]]
+    if orc.index.duplicated().any():
+        raise ValueError(f"classify_recovery: {int(orc.index.duplicated().sum())} duplicated oracle rows per {CLASS_KEYS}")
+    signed = t["metric"].isin(SIGNED_METRICS).to_numpy()
+    ref = orc.reindex(pd.MultiIndex.from_frame(t[CLASS_KEYS]))
+    lacking = signed & ref["ci_low"].isna().to_numpy() & ~pd.MultiIndex.from_frame(t[CLASS_KEYS]).isin(orc.index)
+    if lacking.any():
+        raise ValueError(f"classify_recovery: {int(lacking.sum())} signed-metric rows have no oracle row with the same {CLASS_KEYS}")
+    olo, ohi = ref["ci_low"].to_numpy(float), ref["ci_high"].to_numpy(float)
+    det = [_excludes_zero(a, b) for a, b in zip(olo, ohi)]
+    cls = [recovery_class(lo, hi, tr, a, b) if s else None
+           for s, lo, hi, tr, a, b in zip(signed, t["ci_low"], t["ci_high"], t["truth"], olo, ohi)]
+    t["oracle_detects"] = pd.array([d if s else pd.NA for s, d in zip(signed, det)], dtype="boolean")
+    t["recovery_class"] = pd.Series(cls, index=t.index, dtype=object)
+    return t
+
 # %% ../nbs/08_recovery.ipynb #2a680728
+def _model_keys(t: pd.DataFrame) -> list[str]:
+    "The model's identity in a table: (emulator, model), or model alone in a table without an emulator column."
+    return ["emulator", "model"] if "emulator" in t.columns else ["model"]
+
 def coverage_table(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS) -> pd.DataFrame:
     "How often the CI covers 0 under the `none` condition, per model, view and metric (over its seeds)."
     t = table[(table["knob"] == "none") & table["metric"].isin(metrics)]
     if t.empty:
         raise ValueError("coverage_table: no row of the `none` condition (scale 0) for the metrics " + ", ".join(metrics))
-    g = t.groupby(["model", "view", "metric"], sort=False)
+    g = t.groupby(_model_keys(t) + ["view", "metric"], sort=False)
     out = g.agg(n_seeds=("seed", "nunique"), n_covering=("covers_zero", lambda s: int(s.fillna(False).sum())),
                 n_undefined=("covers_zero", lambda s: int(s.isna().sum()))).reset_index()
     out["coverage"] = out["n_covering"] / (out["n_seeds"] - out["n_undefined"]).replace(0, np.nan)
@@ -130,12 +182,13 @@ def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METR
     "Per (condition, seed, model, headline metric): observed vs expected direction by view, sign_ok (full), attributed_ok (all views)."
     rows = []
     t = table[table["metric"].isin(metrics)]
-    for (cond, seed, model, metric), g in t.groupby(["condition", "seed", "model", "metric"], sort=False):
+    keys = ["condition", "seed"] + _model_keys(t) + ["metric"]
+    for k, g in t.groupby(keys, sort=False):
         g = g.set_index("view").reindex(list(VIEWS))
         expected = "/".join(("+" if (r.truth > 0) else "-" if (r.truth < 0) else "0") if r.expected_move else "0"
                             for _, r in g.iterrows())
         att = g["attributed_ok"]
-        rows.append(dict(condition=cond, knob=g["knob"].iloc[0], scale=g["scale"].iloc[0], seed=seed, model=model, metric=metric,
+        rows.append(dict(zip(keys, k), knob=g["knob"].iloc[0], scale=g["scale"].iloc[0],
                          estimate_full=g.loc["full", "estimate"], ci_low_full=g.loc["full", "ci_low"],
                          ci_high_full=g.loc["full", "ci_high"], truth_full=g.loc["full", "truth"],
                          moved_full_text_tab=" / ".join(_direction(r) for _, r in g.iterrows()),
@@ -143,14 +196,51 @@ def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METR
                          sign_ok=g.loc["full", "sign_ok"],
                          attributed_ok=pd.NA if att.isna().any() else bool(att.all())))
     out = pd.DataFrame(rows)
+    out = out[["condition", "knob", "scale", "seed"] + [c for c in out.columns if c not in ("condition", "knob", "scale", "seed")]]
     out["sign_ok"] = out["sign_ok"].astype("boolean")
     out["attributed_ok"] = out["attributed_ok"].astype("boolean")
     return out
 
-# %% ../nbs/08_recovery.ipynb #aa31fbaa
-#: Bumped when a change to this module changes what a condition's result file holds (old results are then not reused).
-RESULT_VERSION = 1
+# %% ../nbs/08_recovery.ipynb #09c9c31a
+CLASS_TABLE_KEYS = ["dataset", "emulator", "model", "knob", "scale"]
 
+def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS) -> pd.DataFrame:
+    "Counts of each recovery class per dataset, emulator, model, knob and scale (over seeds, views and `metrics`), with pairs."
+    t = table[table["metric"].isin(metrics) & table["recovery_class"].notna()].copy()
+    if t.empty:
+        raise ValueError("recovery_classes: no classified row for the metrics " + ", ".join(metrics))
+    unknown = sorted(set(t["recovery_class"]) - set(RECOVERY_CLASSES))
+    if unknown:
+        raise ValueError(f"recovery_classes: unknown classes {unknown} in column recovery_class")
+    order = {"knob": list(KNOB_SETS), "model": list(dict.fromkeys(["FT", "MLP"] + list(t["model"]))) + ["oracle"]}
+    for c, cats in order.items():
+        t[c] = pd.Categorical(t[c], categories=list(dict.fromkeys(cats)), ordered=True)
+    t["emulator"] = pd.Categorical(t["emulator"], categories=list(dict.fromkeys(t["emulator"])), ordered=True)
+    counts = (pd.crosstab([t[c] for c in CLASS_TABLE_KEYS], t["recovery_class"])
+              .reindex(columns=list(RECOVERY_CLASSES), fill_value=0))
+    per_cond = t.groupby(CLASS_TABLE_KEYS + ["condition", "seed"], observed=True)["n_pairs"].max()
+    pairs = per_cond.groupby(level=CLASS_TABLE_KEYS, observed=True).agg(n_conditions="size", pairs_min="min", pairs_max="max")
+    out = pairs.join(counts, how="inner")
+    out.insert(3, "n_checks", counts.sum(axis=1).reindex(out.index).to_numpy())
+    out = out.reset_index()
+    for c in ("emulator", "model", "knob"):
+        out[c] = out[c].astype(str)
+    return out[CLASS_TABLE_KEYS + ["n_conditions", "pairs_min", "pairs_max", "n_checks"] + list(RECOVERY_CLASSES)]
+
+# %% ../nbs/08_recovery.ipynb #89fb1806
+#: Bumped when a change to this module changes what a condition's result file holds (old results are then not reused).
+RESULT_VERSION = 2
+#: The sentence-embedding MLP emulator's name in `emulators` (every other name is an LLM: tiny-llama, smollm2 or a folder).
+MLP = "mlp"
+#: Settings that shape only the LLM emulator's results, and only the MLP's (the others shape both).
+LLM_SETTINGS = ("epochs", "lr", "batch_size", "hidden", "layers", "vocab", "patience", "max_length")
+MLP_SETTINGS = ("mlp_hidden", "mlp_pairs")
+
+def emulator_model(emulator: str) -> str:
+    "The model's name in the tables: `MLP` for the sentence-embedding MLP, `FT` for the fine-tuned LLM."
+    return "MLP" if emulator == MLP else "FT"
+
+# %% ../nbs/08_recovery.ipynb #aa31fbaa
 @dataclass(frozen=True)
 class RecoverySettings:
     "Everything that shapes one condition's result (see above); `synth` = generator knobs other than n_records and the biases."
@@ -160,8 +250,8 @@ class RecoverySettings:
     n_records: int = 600
     test_size: float = 0.5
     train_n: int | None = 200
-    pairs: int | None = 100
-    model: str = "tiny-llama"
+    pairs: int | None = 100       # None: every pair of the test split
+    emulators: tuple = ("tiny-llama",)
     epochs: int = 1
     lr: float = 2e-3
     batch_size: int = 16
@@ -172,6 +262,15 @@ class RecoverySettings:
     max_length: int | None = None
     threads: int = 1
     predict_batch_size: int = 32
+    mlp_hidden: int = 200
+    mlp_pairs: int | None = None  # the MLP's pairs when not None (else `pairs`)
+
+    def __post_init__(self):
+        emus = tuple(str(e) for e in ([self.emulators] if isinstance(self.emulators, str) else self.emulators))
+        if not emus or len(set(emus)) != len(emus) or sum(e != MLP for e in emus) > 1:
+            raise ValueError(f"emulators must be distinct: at most one LLM (tiny-llama, smollm2 or a model folder) and/or "
+                             f"{MLP!r}, got {list(emus)}")
+        object.__setattr__(self, "emulators", emus)
 
     @property
     def lang(self) -> str:
@@ -181,10 +280,19 @@ class RecoverySettings:
     def text_fields(self) -> list[str]:
         return list(self.manifest.get("text_fields", []))
 
-    def key(self, bias_tab: float, bias_text: float, seed: int) -> str:
-        "sha256 (16 hex digits) of the settings, the knobs and the seed: the identity of one condition's result."
-        d = {k: v for k, v in asdict(self).items() if k != "predict_batch_size"}
-        return sha256_text(json.dumps([RESULT_VERSION, d, float(bias_tab), float(bias_text), int(seed)], sort_keys=True, default=str))[:16]
+    def pairs_for(self, emulator: str) -> int | None:
+        "How many pairs `emulator` scores (None: all)."
+        return self.mlp_pairs if (emulator == MLP and self.mlp_pairs is not None) else self.pairs
+
+    def key(self, bias_tab: float, bias_text: float, seed: int, emulator: str | None = None) -> str:
+        "sha256 (16 hex digits) of what shapes `emulator`'s result (default: the first), the knobs and the seed."
+        emulator = self.emulators[0] if emulator is None else emulator
+        if emulator not in self.emulators:
+            raise ValueError(f"emulator {emulator!r} is not among the settings' emulators {list(self.emulators)}")
+        skip = {"predict_batch_size", "emulators", *(LLM_SETTINGS if emulator == MLP else MLP_SETTINGS)}
+        d = {k: v for k, v in asdict(self).items() if k not in skip} | {"pairs": self.pairs_for(emulator)}
+        return sha256_text(json.dumps([RESULT_VERSION, emulator, d, float(bias_tab), float(bias_text), int(seed)],
+                                      sort_keys=True, default=str))[:16]
 
 # %% ../nbs/08_recovery.ipynb #e158d026
 def _synth_knobs(synth: Mapping | None) -> dict:
@@ -262,132 +370,180 @@ def knob_standard_errors(records: pd.DataFrame, lang: str, knobs: Mapping, n: in
     return pd.DataFrame(rows)
 
 # %% ../nbs/08_recovery.ipynb #574b26c7
-def result_path(out_dir: str | Path, settings: RecoverySettings, cond: Mapping) -> Path:
-    "Where a condition's result parquet goes (its JSON sidecar has the same stem)."
-    return Path(out_dir) / f"{cond['condition']}_s{int(cond['seed'])}_{settings.key(cond['bias_tab'], cond['bias_text'], cond['seed'])}.parquet"
+def result_path(out_dir: str | Path, settings: RecoverySettings, cond: Mapping, emulator: str | None = None) -> Path:
+    "Where a condition's result parquet for `emulator` (default: the first) goes (its JSON sidecar has the same stem)."
+    emulator = settings.emulators[0] if emulator is None else emulator
+    return (Path(out_dir) / f"{cond['condition']}_s{int(cond['seed'])}_{emulator_model(emulator).lower()}_"
+            f"{settings.key(cond['bias_tab'], cond['bias_text'], cond['seed'], emulator)}.parquet")
 
 # %% ../nbs/08_recovery.ipynb #4734d0e3
-def _emulator(settings: RecoverySettings, train: pd.DataFrame, levels: list[int], seed: int):
-    "(model, tokenizer, lora?, base) of the emulator to fine-tune."
-    if settings.model == "tiny-llama":
+def _emulator(settings: RecoverySettings, emulator: str, train: pd.DataFrame, levels: list[int], seed: int):
+    "(model, tokenizer, lora?, base) of the LLM emulator to fine-tune."
+    if emulator == "tiny-llama":
         corpus = [render_patient(r, "full", settings.lang, text_fields=settings.text_fields) for r in train.to_dict("records")]
         tok = tiny_tokenizer(corpus + [system_instruction(levels, settings.lang)], vocab_size=settings.vocab)
         return tiny_causal_lm("llama", tok, hidden_size=settings.hidden, num_layers=settings.layers, seed=seed), tok, False, None
     import torch
-    base = default_model_path() if settings.model == "smollm2" else Path(settings.model)
+    base = default_model_path() if emulator == "smollm2" else Path(emulator)
     dev = "cuda" if torch.cuda.is_available() else None
     model, tok = load_causal_lm(base, dtype="bfloat16" if bf16_pays(dev or "cpu") else None, device=dev)
     return model, tok, True, base
 
+def condition_data(cond: Mapping, settings: RecoverySettings, emulator: str) -> dict:
+    "Cohort, levels, training subsample, test subsample and counterfactual pairs (`pairs`, valid ones `ok`) of grid row `cond`."
+    seed, bt, bx = int(cond["seed"]), float(cond["bias_tab"]), float(cond["bias_text"])
+    cohort = condition_cohort(settings, bt, bx, seed)
+    split = stratified_split(cohort, test_size=settings.test_size, seed=seed)
+    part = cohort["record_id"].map(split.set_index("record_id")["split"])
+    levels = sorted(int(l) for l in cohort["triage_level"].unique())
+    train = stratified_subsample(cohort[part.eq("train").to_numpy()], settings.train_n, seed, ["triage_level"])
+    test = stratified_subsample(cohort[part.eq("test").to_numpy()], settings.pairs_for(emulator), seed, ["triage_level", "sex"])
+    pairs = build_pairs(test, settings.text_fields, settings.lang)
+    ok = pairs[pairs["in_pairs"]]
+    if ok.empty:
+        raise ValueError(f"{cond['condition']} seed {seed}: no valid counterfactual pair among {len(pairs)} test records")
+    return dict(cohort=cohort, levels=levels, train=train, test=test, pairs=pairs, ok=ok)
+
+# %% ../nbs/08_recovery.ipynb #4dfc3c3b
+def _fit_predict_llm(emulator: str, settings: RecoverySettings, data: Mapping, work: Path, seed: int,
+                     progress: bool = False) -> tuple[pd.DataFrame, dict]:
+    "Fine-tune the LLM emulator on the training subsample (stage 04) and score both sides of every pair in every view (stage 06)."
+    model, tok, lora, base = _emulator(settings, emulator, data["train"], data["levels"], seed)
+    train, levels = data["train"], data["levels"]
+    prompts = render_prompts(train, tok, levels, settings.lang, "full", text_fields=settings.text_fields)
+    res = train_emulator(model, tok, prompts, train["triage_level"].astype(int).tolist(), levels, work / "train",
+                         epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr, patience=settings.patience,
+                         max_length=settings.max_length, seed=seed, lora=lora, progress=progress)
+    backend = LocalClient(res.model, tok, levels, batch_size=settings.predict_batch_size, max_length=settings.max_length)
+    preds = emulator_pair_predictions(backend, tok, data["pairs"], settings.text_fields, levels, settings.lang,
+                                      out_dir=work / "pred", progress=progress)
+    best = next((h for h in res.history if h["epoch"] == res.best_epoch), res.history[-1] if res.history else {})
+    return preds, dict(epochs_run=len(res.history), best_epoch=res.best_epoch, val_loss=best.get("val_loss"),
+                       val_acc=best.get("val_acc"), n_embedded=None)
+
+def _fit_predict_mlp(settings: RecoverySettings, data: Mapping, cache_dir: Path, seed: int) -> tuple[pd.DataFrame, dict]:
+    """Fit the MLP on frozen all-MiniLM-L6-v2 embeddings of the linearized training records (stage 04b) and score both
+    sides of every pair in every view; embeddings are cached by text hash in `cache_dir` (shared by the conditions)."""
+    from threadpoolctl import threadpool_limits
+    enc = SentenceEncoder(cache_dir=cache_dir, threads=settings.threads)
+    train, levels, tf = data["train"], data["levels"], settings.text_fields
+    n_embedded = 0
+    def embed(texts):
+        nonlocal n_embedded
+        X = enc.encode(texts)
+        n_embedded += enc.n_computed
+        return X
+    with threadpool_limits(int(settings.threads)):
+        mlp, rep = fit_mlp(embed(record_texts(train, "full", settings.lang, text_fields=tf)),
+                           train["triage_level"].astype(int).to_numpy(), levels, hidden=settings.mlp_hidden, seed=seed)
+        preds = text_model_pair_predictions(lambda t: proba_by_level(mlp, embed(t), levels), data["pairs"], tf, levels, settings.lang)
+    return preds, dict(epochs_run=rep["n_iter"], best_epoch=None, val_loss=None, val_acc=rep["best_validation_score"],
+                       n_embedded=n_embedded)
+
 # %% ../nbs/08_recovery.ipynb #3bd5da39
-def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path, progress: bool = False) -> dict:
-    "Train, pair, predict and store one grid row `cond` (see above); returns its summary (read back when already done)."
+def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path, emulator: str | None = None,
+                  progress: bool = False) -> dict:
+    "Fit `emulator` (default: the first), pair, predict and store one grid row `cond` (see above); returns its summary."
     import torch
     from sklearn.metrics import accuracy_score, cohen_kappa_score
-    out = result_path(out_dir, settings, cond)
+    emulator = settings.emulators[0] if emulator is None else emulator
+    out = result_path(out_dir, settings, cond, emulator)
     side = out.with_suffix(".json")
     if out.exists() and side.exists():
         return {**json.loads(side.read_text()), "status": "done before"}
     t0 = time.perf_counter()
-    seed, bt, bx = int(cond["seed"]), float(cond["bias_tab"]), float(cond["bias_text"])
+    seed, bt, bx, name = int(cond["seed"]), float(cond["bias_tab"]), float(cond["bias_text"]), emulator_model(emulator)
     work = Path(out_dir) / "work" / out.stem
     old_threads = torch.get_num_threads()
     torch.set_num_threads(int(settings.threads))
     try:
-        cohort = condition_cohort(settings, bt, bx, seed)
-        split = stratified_split(cohort, test_size=settings.test_size, seed=seed)
-        part = cohort["record_id"].map(split.set_index("record_id")["split"])
-        levels = sorted(int(l) for l in cohort["triage_level"].unique())
-        train = stratified_subsample(cohort[part.eq("train").to_numpy()], settings.train_n, seed, ["triage_level"])
-        test = stratified_subsample(cohort[part.eq("test").to_numpy()], settings.pairs, seed, ["triage_level", "sex"])
-        pairs = build_pairs(test, settings.text_fields, settings.lang)
-        ok = pairs[pairs["in_pairs"]]
-        if ok.empty:
-            raise ValueError(f"{cond['condition']} seed {seed}: no valid counterfactual pair among {len(pairs)} test records")
-        model, tok, lora, base = _emulator(settings, train, levels, seed)
-        prompts = render_prompts(train, tok, levels, settings.lang, "full", text_fields=settings.text_fields)
-        res = train_emulator(model, tok, prompts, train["triage_level"].astype(int).tolist(), levels, work / "train",
-                             epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr, patience=settings.patience,
-                             max_length=settings.max_length, seed=seed, lora=lora, progress=progress)
-        backend = LocalClient(res.model, tok, levels, batch_size=settings.predict_batch_size, max_length=settings.max_length)
-        ft = emulator_pair_predictions(backend, tok, pairs, settings.text_fields, levels, settings.lang, out_dir=work / "pred",
-                                       progress=progress)
-        orc = oracle_pair_predictions(pairs, settings.text_fields, levels, settings.lang, _oracle_knobs(settings, bt, bx))
+        d = condition_data(cond, settings, emulator)
+        if emulator == MLP:
+            preds, fit = _fit_predict_mlp(settings, d, Path(out_dir) / "embedding_cache", seed)
+        else:
+            preds, fit = _fit_predict_llm(emulator, settings, d, work, seed, progress)
+        orc = oracle_pair_predictions(d["pairs"], settings.text_fields, d["levels"], settings.lang, _oracle_knobs(settings, bt, bx))
     finally:
         torch.set_num_threads(old_threads)
-    long = pd.concat([pairs_for_metrics(ft, ok, "FT"), pairs_for_metrics(orc, ok, "oracle")], ignore_index=True)
-    long = long.rename(columns={"condition": "view"}).assign(condition=cond["condition"], seed=seed)
-    orig = long[(long["view"] == "full")]
+    long = pd.concat([pairs_for_metrics(preds, d["ok"], name), pairs_for_metrics(orc, d["ok"], "oracle")], ignore_index=True)
+    long = long.rename(columns={"condition": "view"}).assign(condition=cond["condition"], seed=seed, emulator=emulator)
     perf = {}
-    for m, g in orig.groupby("model"):
-        perf[f"accuracy_{m}"] = float(accuracy_score(g["true_level"], g["pred_orig"]))
-        perf[f"kappa_{m}"] = float(cohen_kappa_score(g["true_level"], g["pred_orig"], weights="quadratic", labels=levels))
-    best = next((h for h in res.history if h["epoch"] == res.best_epoch), res.history[-1] if res.history else {})
-    summary = dict(condition=cond["condition"], seed=seed, bias_tab=bt, bias_text=bx, key=out.stem.rsplit("_", 1)[-1],
-                   n_cohort=len(cohort), n_train=len(train), n_test_records=len(test), n_pairs=len(ok),
-                   n_rejected=int((~pairs["in_pairs"]).sum()), levels=levels, epochs_run=len(res.history),
-                   best_epoch=res.best_epoch, val_loss=best.get("val_loss"), val_acc=best.get("val_acc"), **perf,
-                   wall_s=round(time.perf_counter() - t0, 1), status="ran")
+    for m, g in long[long["view"] == "full"].groupby("model"):
+        sfx = "_oracle" if m == "oracle" else ""
+        perf[f"accuracy{sfx}"] = float(accuracy_score(g["true_level"], g["pred_orig"]))
+        perf[f"kappa{sfx}"] = float(cohen_kappa_score(g["true_level"], g["pred_orig"], weights="quadratic", labels=d["levels"]))
+    summary = dict(condition=cond["condition"], seed=seed, emulator=emulator, model=name, bias_tab=bt, bias_text=bx,
+                   key=out.stem.rsplit("_", 1)[-1], n_cohort=len(d["cohort"]), n_train=len(d["train"]),
+                   n_test_records=len(d["test"]), n_pairs=len(d["ok"]), n_rejected=int((~d["pairs"]["in_pairs"]).sum()),
+                   levels=d["levels"], **fit, **perf, wall_s=round(time.perf_counter() - t0, 1), status="ran")
     write_json(side, summary)
     write_parquet(long, out)    # written last: its presence marks the condition as done
     shutil.rmtree(work, ignore_errors=True)
     return summary
 
 # %% ../nbs/08_recovery.ipynb #13e33c7b
-def _run_in_worker(cond: dict, settings: dict, out_dir: str) -> dict:
+def _run_in_worker(cond: dict, settings: dict, out_dir: str, emulator: str) -> dict:
     "`run_condition` in a worker process (settings rebuilt from a dict)."
-    return run_condition(cond, RecoverySettings(**settings), out_dir)
+    return run_condition(cond, RecoverySettings(**settings), out_dir, emulator)
 
 def run_grid(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path, workers: int = 1,
              log: Callable[[str], None] = print) -> pd.DataFrame:
-    "Run every grid row not done yet (`workers` processes at once) and return the summaries in grid order."
+    """Run every (grid row, emulator) not done yet, all rows of the first emulator first (`workers` processes at once);
+    returns the summaries in that order."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    conds = grid.to_dict("records")
-    todo = [c for c in conds if not result_path(out_dir, settings, c).exists()]
-    log(f"{len(conds) - len(todo)} of {len(conds)} conditions already done; running {len(todo)} with {min(workers, max(len(todo), 1))} worker(s)")
+    tasks = [(c, e) for e in settings.emulators for c in grid.to_dict("records")]
+    todo = [(c, e) for c, e in tasks if not result_path(out_dir, settings, c, e).exists()]
+    log(f"{len(tasks) - len(todo)} of {len(tasks)} condition runs already done; running {len(todo)} with "
+        f"{min(workers, max(len(todo), 1))} worker(s)")
     def say(s):
-        log(f"  {s['condition']:<10} seed {s['seed']}: {s['status']} in {s.get('wall_s', 0):.0f} s, "
-            f"{s['n_pairs']} pairs, FT accuracy {s.get('accuracy_FT', float('nan')):.3f} (oracle {s.get('accuracy_oracle', float('nan')):.3f})")
+        log(f"  {s['condition']:<10} seed {s['seed']} {s['model']:<3}: {s['status']} in {s.get('wall_s', 0):.0f} s, "
+            f"{s['n_pairs']} pairs, accuracy {s.get('accuracy', float('nan')):.3f} (oracle {s.get('accuracy_oracle', float('nan')):.3f})")
     if workers > 1 and len(todo) > 1:
         # the workers run the installed module's code (a notebook's own definitions live in its __main__, which a
         # spawned process cannot import), with the settings passed as a plain dict
         import triage_cf.recovery as module
         with ProcessPoolExecutor(max_workers=int(workers), mp_context=multiprocessing.get_context("spawn")) as ex:
-            futs = [ex.submit(module._run_in_worker, dict(c), asdict(settings), str(out_dir)) for c in todo]
+            futs = [ex.submit(module._run_in_worker, dict(c), asdict(settings), str(out_dir), e) for c, e in todo]
             for f in as_completed(futs):
                 say(f.result())
     else:
-        for c in todo:
-            say(run_condition(c, settings, out_dir))
+        for c, e in todo:
+            say(run_condition(c, settings, out_dir, e))
     if (out_dir / "work").is_dir() and not any((out_dir / "work").iterdir()):
         (out_dir / "work").rmdir()
-    return pd.DataFrame([json.loads(result_path(out_dir, settings, c).with_suffix(".json").read_text()) for c in conds])
+    return pd.DataFrame([json.loads(result_path(out_dir, settings, c, e).with_suffix(".json").read_text()) for c, e in tasks])
 
 # %% ../nbs/08_recovery.ipynb #e78a4abf
 def load_results(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path) -> pd.DataFrame:
-    "The long pair tables of every grid row (one file per row, in grid order)."
-    return pd.concat([read_parquet(result_path(out_dir, settings, c)) for c in grid.to_dict("records")], ignore_index=True)
+    "The long pair tables of every (grid row, emulator) (one file each, in `run_grid`'s order)."
+    return pd.concat([read_parquet(result_path(out_dir, settings, c, e)) for e in settings.emulators for c in grid.to_dict("records")],
+                     ignore_index=True)
 
 # %% ../nbs/08_recovery.ipynb #207f0d1b
-TABLE_COLUMNS = ["dataset", "condition", "knob", "scale", "bias_tab", "bias_text", "seed", "model", "view", "metric", "estimate",
-                 "ci_low", "ci_high", "n_pairs", "truth", "expected_move", "covers_zero", "sign_ok", "attributed_ok", "remark"]
+TABLE_COLUMNS = ["dataset", "condition", "knob", "scale", "bias_tab", "bias_text", "seed", "emulator", "model", "view", "metric",
+                 "estimate", "ci_low", "ci_high", "n_pairs", "truth", "expected_move", "covers_zero", "sign_ok", "attributed_ok",
+                 "oracle_detects", "recovery_class", "remark"]
 
 def recovery_table(long: pd.DataFrame, grid: pd.DataFrame, truth: pd.DataFrame, dataset: str, n_boot: int = 1000,
                    ci_method: str = "percentile") -> pd.DataFrame:
-    "Every metric with its CI per (condition, seed, model, view), next to the planted truth, with the checks."
+    """Every metric with its CI per (condition, seed, emulator, model, view), next to the planted truth, with the checks
+    and the recovery class (each emulator against the oracle on its own pairs)."""
+    if "emulator" not in long.columns:
+        raise KeyError("recovery_table: the pair table lacks column 'emulator' (results of RESULT_VERSION < 2?)")
     parts = []
-    for (cond, seed), g in long.groupby(["condition", "seed"], sort=False):
-        t = table3(g.drop(columns=["condition", "seed"]).rename(columns={"view": "condition"}), n_boot=n_boot, seed=int(seed), ci_method=ci_method)
-        parts.append(t.rename(columns={"condition": "view"}).assign(condition=cond, seed=int(seed)))
+    for (cond, seed, emu), g in long.groupby(["condition", "seed", "emulator"], sort=False):
+        t = table3(g.drop(columns=["condition", "seed", "emulator"]).rename(columns={"view": "condition"}), n_boot=n_boot,
+                   seed=int(seed), ci_method=ci_method)
+        parts.append(t.rename(columns={"condition": "view"}).assign(condition=cond, seed=int(seed), emulator=emu))
     t = pd.concat(parts, ignore_index=True).merge(grid, on=["condition", "seed"], how="left", validate="many_to_one")
     if t["knob"].isna().any():
         raise ValueError(f"recovery_table: results of conditions not in the grid: {sorted(t.loc[t.knob.isna(), 'condition'].unique())}")
     t = t.merge(truth[["bias_tab", "bias_text", "view", "metric", "truth"]], on=["bias_tab", "bias_text", "view", "metric"],
                 how="left", validate="many_to_one")
-    return add_checks(t.assign(dataset=dataset))[TABLE_COLUMNS]
+    return classify_recovery(add_checks(t.assign(dataset=dataset)))[TABLE_COLUMNS]
 
 # %% ../nbs/08_recovery.ipynb #d13d2ca8
 def condition_label(condition: str, seed: int, grid: pd.DataFrame) -> str:
@@ -397,11 +553,13 @@ def condition_label(condition: str, seed: int, grid: pd.DataFrame) -> str:
 
 # %% ../nbs/08_recovery.ipynb #736e375f
 def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS, title: str | None = None):
-    "Estimates with 95% CIs of FT and oracle vs the planted truth, per condition (rows), metric and view (panels)."
+    "Estimates with 95% CIs of the emulators and the oracle vs the planted truth, per condition (rows), metric and view (panels)."
     import matplotlib.pyplot as plt
     import seaborn as sns
     from matplotlib.ticker import MaxNLocator
     t = table[table["metric"].isin(metrics)].copy()
+    if "emulator" in t.columns:   # the oracle once: on the first emulator's pairs
+        t = t.drop_duplicates(["condition", "seed", "model", "view", "metric"])
     grid = t[["condition", "seed"]].drop_duplicates()
     t["label"] = [condition_label(c, s, grid) for c, s in zip(t["condition"], t["seed"])]
     order = list(dict.fromkeys(t["label"]))
