@@ -208,8 +208,8 @@ def stratified_subsample(df: pd.DataFrame, n: int | None, column: str = "triage_
     if k >= n_strata and len(rest) - k >= n_strata:
         out, _ = train_test_split(rest, train_size=k, random_state=seed, stratify=rest[column])
         how = (f"{n} of {len(df)} records, stratified by {column}" if keep.empty else
-               f"{n} of {len(df)} records: {len(keep)} of level(s) {sorted(int(x) for x in rare)} kept whole (one record "
-               f"each), {k} stratified by {column} from the other levels")
+               f"{n} of {len(df)} records: {len(keep)} of {column} value(s) {sorted(str(x) for x in rare)} kept whole (one record "
+               f"each), {k} stratified by {column} from the other values")
         out = out if keep.empty else pd.concat([keep, out])
     else:
         out = df.sample(n=n, random_state=seed)
