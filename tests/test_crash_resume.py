@@ -26,12 +26,14 @@ def _run_json(out):
     return json.loads((out / "run.json").read_text())
 
 
-def _stage_stream(nb_path) -> str:
-    "Text output (stdout and stderr) of the stage cells of an executed stage notebook (after its parameters cell)."
+def _stage_stream(nb_path, marker: str | None = None) -> str:
+    """Text output (stdout and stderr) of the stage cells of an executed stage notebook (after its parameters cell);
+    with `marker`, of the stage cells whose source contains it only."""
     nb = json.loads(nb_path.read_text())
     tags = [c.get("metadata", {}).get("tags", []) for c in nb["cells"]]
     first = max(i for i, t in enumerate(tags) if "parameters" in t or "injected-parameters" in t)
     return "".join("".join(o.get("text", "")) for c in nb["cells"][first + 1:] if c["cell_type"] == "code"
+                   and (marker is None or marker in "".join(c["source"]))
                    for o in c.get("outputs", []) if o.get("output_type") == "stream")
 
 
@@ -105,9 +107,12 @@ def test_fine_tuning_resumed_from_its_checkpoint(crash, tmp_path_factory):
     # and writes epoch 1 again (new inode and mtime)
     assert a["checkpoints"] and _stat(a["checkpoints"]) == a["checkpoints"]
     assert json.loads((a["ck_dir"] / "LATEST.json").read_text()) == {"checkpoint": "epoch-002"}
-    # the resumed stage trained epoch 2 only; the uninterrupted run trained epochs 1 and 2
-    resumed = _stage_stream(out / "notebooks" / f"{FT}.ipynb")
-    full = _stage_stream(sr.uninterrupted("first", tmp_path_factory) / "notebooks" / f"{FT}.ipynb")
+    # the resumed stage trained epoch 2 only; the uninterrupted run trained epochs 1 and 2 (the FT model's cell: the
+    # null twin of the null control trains after it, from scratch in both runs)
+    ft_cell = 'fine_tune(train, "ft")'
+    resumed = _stage_stream(out / "notebooks" / f"{FT}.ipynb", ft_cell)
+    full = _stage_stream(sr.uninterrupted("first", tmp_path_factory) / "notebooks" / f"{FT}.ipynb", ft_cell)
+    assert full and resumed
     bar = lambda e, text: re.search(rf"epoch {e}:\s+\d+%", text) is not None  # the fine-tune's tqdm bar
     assert bar(1, full) and bar(2, full)
     assert bar(2, resumed) and not bar(1, resumed)
