@@ -71,15 +71,17 @@ def server(tmp_path_factory):
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(srv)],
                             stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(100):
+    deadline = time.monotonic() + 120   # a loaded 2-core CI machine can take seconds to start an interpreter
+    while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("the local http.server did not start")
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the local http.server did not start (exit code {proc.poll()}; log: "
+                            f"{(tmp / 'server.log').read_text()[-500:]!r})")
+            time.sleep(0.2)
     yield f"http://127.0.0.1:{port}", srv, mdir, tmp / "server.log"
     proc.terminate()
     proc.wait(timeout=10)
