@@ -18,8 +18,9 @@ import yaml
 from triage_cf.core import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
-from triage_cf.chain import OPTIONAL_STAGES, STAGES as _ALL_STAGES
-STAGES = [s for s in _ALL_STAGES if s not in OPTIONAL_STAGES]  # the whole chain of a non-calibration profile
+from triage_cf.chain import stages_for
+from triage_cf.core import load_params
+STAGES = stages_for(load_params("chu-bordeaux", "smoke"))  # the whole chain of the profile the tests run
 CANARY = "KANARI"          # every free-text canary holds it; ids are BDX + 7 digits
 ID_PREFIX = "BDX0"
 N = 60
