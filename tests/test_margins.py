@@ -214,7 +214,8 @@ def test_smoke_chain(tmp_path):
     outcomes = pd.read_csv(out / "tables" / "margins_outcomes.csv")
     assert outcomes.loc[outcomes.scope == "vignette variant", "n"].sum() == len(vig)
     html = (out / "report.html").read_text(encoding="utf-8")
-    assert all(f"<h3>{t}</h3>" in html for t in EXPECTED_TABLES + EXPECTED_FIGURES)
+    shown = [f"data-source='tables/{t}.csv'" for t in EXPECTED_TABLES] + [f"data-source='figures/{f}.png'" for f in EXPECTED_FIGURES]
+    assert all(html.count(s) == 1 for s in shown), [s for s in shown if html.count(s) != 1]   # each placed once
     run = json.loads((out / "run.json").read_text())
     assert run["stages"]["11_margins"]["status"] == "ok"
     for stage in ("10_vignettes", "11_margins", "09_report"):   # nothing record-level rendered
