@@ -874,7 +874,6 @@ APPENDIX_LAYOUT = [
     ("recovery_summary", ["recovery"], "Planted-bias recovery study: estimate in the full view against the planted truth."),
     ("recovery_classes", [], "Recovery study: power-aware classes (recovered / missed / wrong / not powered; quiet / false positive where nothing is planted) per emulator, knob and scale, with the oracle's counts on the same pairs."),
     ("recovery_coverage", [], "Recovery study: how often the CIs cover 0 when nothing is planted."),
-    ("recovery_classes", [], "Recovery study: how each planted condition was recovered, by class."),
     ("recovery_power", [], "Recovery study: training size an ideal learner needs to detect the planted effects."),
     ("recovery", [], "Recovery study: every metric of every run (long).")]
 
