@@ -34,13 +34,18 @@ def pairs_schema(text_fields: list[str]) -> pa.DataFrameSchema:
         "reason": pa.Column(nullable=False),
         "in_pairs": pa.Column("bool"),
         "ft_subsample": pa.Column("bool", required=False),
+        "mlp_subsample": pa.Column("bool", required=False),
         **{f"cf_{f}": pa.Column(nullable=True) for f in text_fields},
     }
     checks = [pa.Check(lambda d: d["cf_sex"].astype(str) != d["sex"].astype(str), name="cf_sex_is_the_other_sex"),
               pa.Check(lambda d: d["in_pairs"] == d["status"].eq("ok"), name="in_pairs_iff_status_ok"),
               pa.Check(lambda d: d["status"].eq("ok") == d["reason"].astype(str).eq(""), name="reason_iff_not_ok"),
               pa.Check(lambda d: ~d["ft_subsample"] | d["in_pairs"] if "ft_subsample" in d else True,
-                       name="ft_subsample_within_the_pair_set")]
+                       name="ft_subsample_within_the_pair_set"),
+              pa.Check(lambda d: ~d["mlp_subsample"] | d["in_pairs"] if "mlp_subsample" in d else True,
+                       name="mlp_subsample_within_the_pair_set"),
+              pa.Check(lambda d: ~d["ft_subsample"] | d["mlp_subsample"] if {"ft_subsample", "mlp_subsample"} <= set(d) else True,
+                       name="ft_subsample_within_mlp_subsample")]
     return pa.DataFrameSchema(cols, checks=checks, strict=False, name="pairs")
 
 def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "pairs") -> pd.DataFrame:
