@@ -11,7 +11,7 @@ from triage_cf.chain import reproduce, stages_for
 from triage_cf.cli import main
 from triage_cf.core import load_params, repo_root
 from triage_cf.data import list_manifests
-from triage_cf.plan import N_REF, PlanRefused, format_plan, plan
+from triage_cf.plan import CPU_MEASURED, N_REF, PlanRefused, format_plan, plan
 
 
 def _profiles(dataset):
@@ -51,7 +51,7 @@ def test_paper_profile_numbers():
     assert wl["train_tokens"] == pytest.approx((72444 - 7245) * 5 * 447.4)
     t = next(r for r in p["stages"] if r["stage"] == "04_emulator")["seconds"]
     flops = 6 * N_REF * wl["train_tokens"] / (4 * 312e12 * 0.30) + 2 * N_REF * (wl["val_tokens"] + wl["eval_tokens"]) / (4 * 312e12 * 0.40)
-    assert t == pytest.approx(7.0 + flops)
+    assert t == pytest.approx(CPU_MEASURED["light_stage_s"] + flops)
     cpu = plan("synth-fr", "paper", run_dir="/nonexistent", strict=False)
     assert next(r for r in cpu["stages"] if r["stage"] == "04_emulator")["seconds"] > 100 * t  # CPU vs 4 GPUs
 

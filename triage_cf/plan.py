@@ -31,8 +31,18 @@ N_REF = 134_515_008
 CPU_MEASURED = {
     "lora_train_tokens_per_s": 237.0,       # README (cpu-ft run, idle); benchmarks/results/inference.json train: 238.7
     "score_tokens_per_s": 2.981937672054511 * 264.1953125,  # inference.json paths.fast (chain default) x mean prompt tokens
-    "light_stage_s": 7.0,                   # README make reproduce: (455 - 161 - 153 - 100) / 6 and (660 - 268 - 212 - 133) / 6
-    "baselines_s_per_train_record": {"en": 153 / 1322, "fr": 212 / 1155},  # README 04b_baselines / training split size
+    "light_stage_s": 10.5,                  # make reproduce, 2026-12-01 (two runs): 03_split, 03e, 05, 09 of both cohorts, 8.9-13.3 s
+    "metrics_stage_s": 23.0,                # 07_metrics of the same runs (22-24 s; 1,000 resamples, 8 models)
+    # 04b_baselines cells of the same runs (baseline_threads 2; mean of the two), CPU-s per training record: each model's
+    # fit + its test predictions; a null twin costs its model's time, except the MLP's, which re-embeds only the texts
+    # that the permutation changed (the null cell less the RF twin)
+    "baseline_s_per_train_record": {"en": {"FS": 40.1 / 1322, "RF": 24.05 / 1322, "MLP": 49.05 / 1322, "MLP_null": 19.3 / 1322},
+                                    "fr": {"FS": 52.2 / 1155, "RF": 26.3 / 1155, "MLP": 82.35 / 1155, "MLP_null": 37.1 / 1155}},
+    # 06_predict, seconds per pair text (6 per pair) at baseline_threads 2: FS and RF from a benchmark on 600 pair texts;
+    # MiniLM (the MLP's input) from the runs: the text-model cell less FS and RF, over the texts embedded
+    # (synth-en 198.6 s / 7,235 and 60.6 s / 2,400; synth-fr 347 s / 6,395 and 107.6 s / 2,400)
+    "text_s_per_text": {"en": {"FS": 7.9e-4, "RF": 1.9e-4, "MiniLM": 0.026}, "fr": {"FS": 7.9e-4, "RF": 1.7e-4, "MiniLM": 0.050}},
+    "one_thread_factor": 1.73,              # MiniLM / FS on 1 torch thread vs 2 (600 texts: 31.6 s vs 18.3 s)
     "data_s_per_record": 2.2e-4,            # 01_data on synthetic records (20,000 generated here), CPU-s per record
     "cohort_s_per_record": 3.4e-5,          # 02_cohort rules, CPU-s per record (same measurement)
     "tiny_s_per_prompt": {"en": 46 / 26100, "fr": 60 / 26100},  # recovery condition CPU-s / (3 x 7,500 trained + 3,600 scored)
@@ -183,12 +193,18 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
     n_val = math.ceil(0.1 * n_ft)
     epochs = int(params.get("ft_epochs", 2))
     n_eval = min(int(params.get("ft_eval_n") or sizes["test"]), sizes["test"])
+    eval_views = [v for v in tok if v in (params.get("ft_eval_views") or tok)]
     pairs = min(int(params.get("ft_max_pairs") or sizes["test"]), sizes["test"])
+    all_pairs = sizes["test"]   # an upper bound: records whose rewrite is excluded or rejected leave the pair set
+    mlp_pairs = min(int(params.get("mlp_max_pairs") or all_pairs), all_pairs)
     bl = params.get("baseline_train_n")
     n_bl = n_ft if bl == "ft" else min(int(bl or sizes["train"]), sizes["train"])
-    return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "pairs": pairs,
-            "baseline_train": n_bl, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
-            "val_tokens": n_val * epochs * tok["full"], "eval_tokens": n_eval * per_record,
+    twins = [m for m in params.get("null_models") or []] if params.get("null_control") else []
+    n_twin_seeds = int(params.get("null_seeds") or 1)
+    return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "eval_views": len(eval_views),
+            "pairs": pairs, "all_pairs": all_pairs, "mlp_pairs": mlp_pairs, "baseline_train": n_bl,
+            "null_twins": {m: n_twin_seeds for m in twins}, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
+            "val_tokens": n_val * epochs * tok["full"], "eval_tokens": n_eval * sum(tok[v] for v in eval_views),
             "pair_prompts": pairs * 2 * VIEWS_PER_RECORD, "pair_tokens": pairs * 2 * per_record,
             "max_length": cap, "longest_prompt": longest, "tokens_basis": basis}
 
@@ -213,15 +229,29 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         return light + sizes["records"] * CPU_MEASURED["data_s_per_record"]
     if stage == "02_cohort":
         return light + sizes["records"] * CPU_MEASURED["cohort_s_per_record"]
-    if stage in ("03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report"):
+    if stage in ("03_split", "03e_null_control", "05_counterfactuals", "09_report"):
         return light
+    if stage == "07_metrics":
+        return light + (CPU_MEASURED["metrics_stage_s"] - light) * int(params.get("n_boot", 1000)) / 1000
+    twins = wl.get("null_twins", {})
+    ft_runs = 1 + twins.get("FT", 0)   # the FT model and its null twins: each trained, and each scores the pairs
     if stage == "04_emulator":
-        return (light + ms(wl["train_tokens"], wl["ft_train"] * wl["epochs"], "train")
-                + ms(wl["val_tokens"] + wl["eval_tokens"], wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * VIEWS_PER_RECORD, "score"))
+        return (light + ft_runs * ms(wl["train_tokens"], wl["ft_train"] * wl["epochs"], "train")
+                + ms(ft_runs * wl["val_tokens"] + wl["eval_tokens"],
+                     ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD), "score"))
+    slow = 1.0 if int(params.get("baseline_threads") or 1) >= 2 else CPU_MEASURED["one_thread_factor"]
     if stage == "04b_baselines":
-        return wl["baseline_train"] * CPU_MEASURED["baselines_s_per_train_record"][lang]
+        rate = CPU_MEASURED["baseline_s_per_train_record"][lang]
+        fit = rate["FS"] * slow + rate["RF"] + rate["MLP"] * slow
+        fit += sum(k * (rate["MLP_null"] * slow if m == "MLP" else rate[m] * (slow if m == "FS" else 1))
+                   for m, k in twins.items() if m in ("FS", "RF", "MLP"))
+        return light + wl["baseline_train"] * fit
     if stage == "06_predict":
-        return light + ms(wl["pair_tokens"], wl["pair_prompts"], "score")
+        per = CPU_MEASURED["text_s_per_text"][lang]
+        texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
+        cheap = (texts * ((1 + twins.get("FS", 0)) * per["FS"] * slow + (1 + twins.get("RF", 0)) * per["RF"])
+                 + mlp_texts * (per["MiniLM"] * slow + twins.get("MLP", 0) * per["RF"]))   # the MLP twins reuse the embeddings
+        return light + ft_runs * ms(wl["pair_tokens"], wl["pair_prompts"], "score") + cheap
     if stage == "08_recovery":
         conds = int(params.get("recovery_null_seeds", 3)) + (len(params.get("recovery_scales", [0, 1, 2])) - 1) * len(
             params.get("recovery_knobs", ["both", "tab", "text"])) * int(params.get("recovery_planted_seeds", 1))
@@ -230,12 +260,15 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
 
 def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
     "Where `stage_seconds` of `stage` comes from, in a few words."
-    if stage in ("04_emulator", "06_predict"):
+    if stage == "04_emulator":
         return ("FLOPs at the stated GPU utilisation" if gpu else "tiny-model CPU s/prompt (recovery study)" if tiny
                 else "CPU tokens/s measured, scaled by parameters")
-    return {"04b_baselines": "measured CPU time scaled by training records (FS on a GPU is faster)",
+    if stage == "06_predict":
+        return ("FT: FLOPs at the stated GPU utilisation" if gpu else "FT: tiny-model CPU s/prompt" if tiny
+                else "FT: CPU tokens/s scaled by parameters") + "; FS, RF, MLP: measured CPU-s per pair text"
+    return {"04b_baselines": "measured CPU-s per training record and model (FS on a GPU is faster)",
             "08_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
-            "02_cohort": "light stage + s/record measured"}.get(stage, "measured light-stage time" if stage in (
+            "02_cohort": "light stage + s/record measured", "07_metrics": "measured 07_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time" if stage in (
             "03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report") else "no measurement")
 
 # %% ../nbs/00d_plan.ipynb #635e5799
@@ -373,8 +406,10 @@ def format_plan(p: dict) -> str:
            f"trained); config: {p['model_config']}",
            f"records: {sz['records']:,} read, {sz['cohort']:,} in the cohort, {sz['train']:,} train / {sz['test']:,} test ({sz['basis']})",
            f"fine-tune: {wl['ft_train']:,} records x {wl['epochs']} epoch(s) (+{wl['ft_val']:,} validation), "
-           f"{wl['train_tokens']:,.0f} tokens to train; test scoring: {wl['ft_eval']:,} records x 3 views",
-           f"pairs: {wl['pairs']:,} ({wl['pair_prompts']:,} prompts); tokens to score: {wl['eval_tokens'] + wl['val_tokens'] + wl['pair_tokens']:,.0f} "
+           f"{wl['train_tokens']:,.0f} tokens to train; test scoring: {wl['ft_eval']:,} records x {wl.get('eval_views', 3)} view(s)",
+           f"pairs: FT {wl['pairs']:,} ({wl['pair_prompts']:,} prompts), FS and RF {wl.get('all_pairs', wl['pairs']):,}, "
+           f"MLP {wl.get('mlp_pairs', wl['pairs']):,}; null twins: "
+           + (", ".join(f"{m} x{k}" for m, k in wl.get("null_twins", {}).items()) or "none") + f"; tokens to score: {wl['eval_tokens'] + wl['val_tokens'] + wl['pair_tokens']:,.0f} "
            f"(prompts cut at {wl['max_length']}; {wl['tokens_basis']}); baselines train on {wl['baseline_train']:,}",
            f"memory: training {mem['train']:.2f} GB (weights {mem['weights']:.2f}, LoRA/optimizer {mem['lora_states']:.2f}, "
            f"activations {mem['activations']:.2f}, framework {mem['overhead']:.0f})"

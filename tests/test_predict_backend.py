@@ -1,0 +1,53 @@
+"""The FT emulator's scores behind an OpenAI-compatible server, in the chain: `ft_backend: openai` makes 04_emulator
+score the test records and 06_predict score the counterfactual pairs through the LLM layer's client, as on a GPU node
+that serves the merged emulator with `vllm serve`. The server is the suite's one fake (tests/fake_openai.py): no real
+local server returns the log-probabilities the label distribution needs (`transformers serve` ignores them). Every
+pair prediction must be the server's distribution for exactly the prompt the local path would have sent."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from triage_cf.chain import reproduce
+from triage_cf.core import VIEWS, read_parquet
+from triage_cf.data import load_manifest
+from triage_cf.emulator import render_prompts
+from triage_cf.predict import pair_records
+
+from fake_openai import FakeOpenAI, level_logprobs
+
+STAGES = ["01_data", "02_cohort", "03_split", "04_emulator", "05_counterfactuals", "06_predict"]
+
+
+def test_pairs_scored_on_a_server(tmp_path):
+    from transformers import AutoTokenizer
+    run = tmp_path / "run"
+    with FakeOpenAI() as srv:
+        res = reproduce("synth-en", "smoke", out=run, quiet=True, stages=STAGES,
+                        overrides={"ft_backend": "openai", "ft_base_url": srv.url, "null_control": False,
+                                   "ft_max_pairs": 12})
+        assert [r.status for r in res] == ["ran"] * len(STAGES)
+        requests = sum(srv.answered.values())
+    manifest = load_manifest("synth-en")
+    lang, text_fields = manifest["language"], list(manifest["text_fields"])
+    pairs = read_parquet(run / "data" / "pairs.parquet")
+    ft_pairs = pairs[pairs["ft_subsample"]]
+    assert len(ft_pairs) == 12
+    ft = read_parquet(run / "data" / "predictions" / "FT.parquet")
+    assert len(ft) == 12 * len(VIEWS) * 2 and not (run / "data" / "predictions" / "FT_null.parquet").exists()
+    meta = json.loads((run / "data" / "models" / "ft" / "emulator.json").read_text())
+    levels = meta["levels"]
+    tok = AutoTokenizer.from_pretrained(run / "data" / "models" / "ft" / "tokenizer", local_files_only=True)
+    x, xc = pair_records(ft_pairs, text_fields)
+    for side, recs in (("orig", x), ("cf", xc)):
+        for view in VIEWS:
+            prompts = render_prompts(recs, tok, levels, lang, view, text_fields=text_fields)
+            want = np.exp(np.array([[level_logprobs(p)[str(l)] for l in levels] for p in prompts]))
+            want /= want.sum(1, keepdims=True)
+            got = ft[(ft["side"] == side) & (ft["view"] == view)].set_index("pair_id").loc[recs["pair_id"]]
+            np.testing.assert_allclose(got[[f"p_{l}" for l in levels]].to_numpy(), want, atol=1e-6)
+    assert requests > 0   # batched: several prompts per request (the probabilities above are the server's, not a local model's)
+    out = (run / "notebooks" / "06_predict.ipynb").read_text()
+    assert "views x 2 sides) on openai" in out
