@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 
 from triage_cf.chain import reproduce
 from triage_cf.core import VIEWS, read_parquet

@@ -2,8 +2,7 @@
 import pytest
 
 from triage_cf.chain import stages_for
-from triage_cf.core import load_params, repo_root
-from triage_cf.core import _read_yaml
+from triage_cf.core import _read_yaml, load_params, repo_root
 
 PROFILES = sorted(_read_yaml(repo_root() / "params" / "profiles.yaml"))
 DATASETS = sorted(p.stem for p in (repo_root() / "params").glob("*.yaml") if p.stem != "profiles")

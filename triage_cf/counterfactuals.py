@@ -13,12 +13,13 @@ import pandera.pandas as pa
 
 from .core import VIEWS, read_parquet, write_parquet, write_table
 from .data import SEX_CODES, validate_frame
+from .emulator import stratified_subsample
 from .rewrite import counterfactual_text, tokenize
 from .rewrite_llm import LLM_FIELDS
 
 # %% auto #0
-__all__ = ['PAIR_STATUSES', 'pairs_schema', 'validate_pairs', 'build_pairs', 'pair_views', 'counterfactual_flow',
-           'counterfactual_quality']
+__all__ = ['PAIR_STATUSES', 'pairs_schema', 'validate_pairs', 'build_pairs', 'pair_views', 'pair_subsample',
+           'counterfactual_flow', 'counterfactual_quality']
 
 # %% ../nbs/05_counterfactuals.ipynb #38d8f132
 PAIR_STATUSES = ("ok", "excluded", "rejected", "unparsed")
@@ -107,6 +108,16 @@ def pair_views(pairs: pd.DataFrame, view: str, text_fields: list[str]) -> tuple[
             xc[f] = pd.Series(pd.NA, index=p.index, dtype=object)
     drop = [c for c in p.columns if c.startswith("cf_") or c in ("status", "reason", "in_pairs")]
     return x.drop(columns=drop), xc.drop(columns=drop)
+
+# %% ../nbs/05_counterfactuals.ipynb #3c14a7be
+def pair_subsample(pairs: pd.DataFrame, n: int, seed: int = 0, holding: pd.Series | None = None) -> tuple[pd.Series, str]:
+    "(boolean mask over `pairs`: `holding` plus a seeded draw stratified by level and sex from the other pairs of the set, how)."
+    held = pd.Series(False, index=pairs.index) if holding is None else holding.astype(bool)
+    if int(held.sum()) > n:
+        raise ValueError(f"the subsample of {n} pairs cannot hold the {int(held.sum())} pairs it must contain")
+    rest = pairs[pairs["in_pairs"] & ~held].assign(level_sex=lambda d: d["triage_level"].astype(str) + d["sex"].astype(str))
+    drawn, how = stratified_subsample(rest, n - int(held.sum()), column="level_sex", seed=seed)
+    return held | pairs["pair_id"].isin(drawn["pair_id"]), how
 
 # %% ../nbs/05_counterfactuals.ipynb #1a47499e
 def counterfactual_flow(pairs: pd.DataFrame) -> pd.DataFrame:

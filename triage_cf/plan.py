@@ -240,11 +240,11 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
                 + ms(ft_runs * wl["val_tokens"] + wl["eval_tokens"],
                      ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD), "score"))
     slow = 1.0 if int(params.get("baseline_threads") or 1) >= 2 else CPU_MEASURED["one_thread_factor"]
+    threaded = {"FS": slow, "RF": 1.0, "MLP": slow}   # torch (FS, MiniLM) follows baseline_threads; the RF does not
     if stage == "04b_baselines":
         rate = CPU_MEASURED["baseline_s_per_train_record"][lang]
-        fit = rate["FS"] * slow + rate["RF"] + rate["MLP"] * slow
-        fit += sum(k * (rate["MLP_null"] * slow if m == "MLP" else rate[m] * (slow if m == "FS" else 1))
-                   for m, k in twins.items() if m in ("FS", "RF", "MLP"))
+        fit = sum(rate[m] * f for m, f in threaded.items())
+        fit += sum(k * rate["MLP_null" if m == "MLP" else m] * threaded[m] for m, k in twins.items() if m in threaded)
         return light + wl["baseline_train"] * fit
     if stage == "06_predict":
         per = CPU_MEASURED["text_s_per_text"][lang]
