@@ -38,6 +38,7 @@ def _norm(s: str) -> str:
     "Unicode NFC, typographic apostrophe -> ASCII, lower case (how words are looked up)."
     return unicodedata.normalize("NFC", s).replace("\u2019", "'").lower()
 
+# %% ../nbs/05a_rewrite.ipynb #52c8de9c
 @dataclass(frozen=True)
 class Lexicon:
     "Gender lexicon + context word lists of one language (read from the package's resources)."
@@ -88,6 +89,7 @@ class Lexicon:
         "Every single-word form of the lexicon (normalised): what `validate_rewrite` removes before comparing."
         return self._words
 
+# %% ../nbs/05a_rewrite.ipynb #3335511c
 @lru_cache(maxsize=None)
 def load_lexicon(lang: str) -> Lexicon:
     "The gender lexicon of `lang` ('en'|'fr') from `triage_cf/resources/gender_lexicon_<lang>.tsv` + context yaml."
