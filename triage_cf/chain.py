@@ -18,6 +18,7 @@ nothing of it is rendered; for open and synthetic datasets findings are recorded
 """
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import json
 import os
@@ -101,6 +102,23 @@ def _code_fingerprint() -> str:
 def _notebook_parameters(path: Path) -> set[str]:
     import papermill as pm
     return set(pm.inspect_notebook(str(path)).keys())
+
+
+def notebook_defaults(stages: list[str]) -> dict[str, dict]:
+    """{parameter: {stage: default}} of the `stages`' `parameters` cells: what a stage runs with where the profile
+    leaves a key unset (literal defaults only; `triage-cf plan` reads them so that its sizes are the chain's)."""
+    import papermill as pm
+    out: dict[str, dict] = {}
+    for s in stages:
+        nb = stage_notebook(s)
+        if not nb.exists():
+            continue
+        for k, v in pm.inspect_notebook(str(nb)).items():
+            try:
+                out.setdefault(k, {})[s] = ast.literal_eval(v["default"])
+            except (ValueError, SyntaxError):
+                pass
+    return out
 
 
 def _git_commit() -> dict:
