@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from . import chain
+from .baselines import fs_settings
 from .chain import stages_for
 from .core import RunPaths, load_params, run_dir_for, sha256_text
 from .llm import SMOLLM2_NAME, cache_dir, smollm2_gguf_path
@@ -22,7 +23,8 @@ from .data import file_checksum_status, load_manifest
 # %% auto #0
 __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS', 'GPU_UTILISATION', 'VIEWS_PER_RECORD',
            'model_config', 'count_parameters', 'memory_gb', 'dataset_sizes', 'prompt_tokens', 'workload',
-           'stage_seconds', 'stage_basis', 'cached_stages', 'PlanRefused', 'plan', 'format_hardware', 'format_plan']
+           'fs_flops_per_token', 'stage_seconds', 'stage_basis', 'cached_stages', 'effective_params', 'PlanRefused',
+           'plan', 'format_hardware', 'format_plan']
 
 # %% ../nbs/00d_plan.ipynb #a96f0963
 #: Reference model of the CPU measurements (SmolLM2-135M-Instruct), parameter count.
@@ -34,10 +36,13 @@ CPU_MEASURED = {
     "light_stage_s": 10.5,                  # make reproduce, 2026-12-01 (two runs): 03_split, 03e, 05, 09 of both cohorts, 8.9-13.3 s
     "metrics_stage_s": 23.0,                # 07_metrics of the same runs (22-24 s; 1,000 resamples, 8 models)
     # 04b_baselines cells of the same runs (baseline_threads 2; mean of the two), CPU-s per training record: each model's
-    # fit + its test predictions; a null twin costs its model's time, except the MLP's, which re-embeds only the texts
-    # that the permutation changed (the null cell less the RF twin)
-    "baseline_s_per_train_record": {"en": {"FS": 40.1 / 1322, "RF": 24.05 / 1322, "MLP": 49.05 / 1322, "MLP_null": 19.3 / 1322},
-                                    "fr": {"FS": 52.2 / 1155, "RF": 26.3 / 1155, "MLP": 82.35 / 1155, "MLP_null": 37.1 / 1155}},
+    # fit + its test predictions (100 test records in 3 views); the MLP's (`MLP_fit`) less its MiniLM embeddings of the
+    # training texts and the 300 test texts at text_s_per_text; a null twin costs its model's time, except the MLP's,
+    # which re-embeds only the texts that the permutation changed (the null cell less the RF twin)
+    "baseline_s_per_train_record": {"en": {"FS": 40.1 / 1322, "RF": 24.05 / 1322, "MLP_fit": (49.05 - 0.026 * (1322 + 300)) / 1322,
+                                           "MLP_null": 19.3 / 1322},
+                                    "fr": {"FS": 52.2 / 1155, "RF": 26.3 / 1155, "MLP_fit": (82.35 - 0.050 * (1155 + 300)) / 1155,
+                                           "MLP_null": 37.1 / 1155}},
     # 06_predict, seconds per pair text (6 per pair) at baseline_threads 2: FS and RF from a benchmark on 600 pair texts;
     # MiniLM (the MLP's input) from the runs: the text-model cell less FS and RF, over the texts embedded
     # (synth-en 198.6 s / 7,235 and 60.6 s / 2,400; synth-fr 347 s / 6,395 and 107.6 s / 2,400)
@@ -45,6 +50,11 @@ CPU_MEASURED = {
     "one_thread_factor": 1.73,              # MiniLM / FS on 1 torch thread vs 2 (600 texts: 31.6 s vs 18.3 s)
     "data_s_per_record": 2.2e-4,            # 01_data on synthetic records (20,000 generated here), CPU-s per record
     "cohort_s_per_record": 3.4e-5,          # 02_cohort rules, CPU-s per record (same measurement)
+    # FS (RoBERTa from scratch) at the paper's size, fp32 on 2 threads: achieved FLOP/s of MLM pre-training, classifier
+    # fine-tuning and scoring, FS text tokens per FT prompt token (full view), benchmarks/results/fs_throughput.json
+    "fs_flops_per_s": {"mlm": 1.03e+11, "train": 1.08e+11, "score": 1.02e+11},
+    "fs_tokens_per_prompt_token": {"en": 0.4615, "fr": 0.4094},
+    "fs_vocab": {"synth-en": 3334, "synth-fr": 2937},   # its tokenizer's vocabulary there (elsewhere: vocab_size)
     "tiny_s_per_prompt": {"en": 46 / 26100, "fr": 60 / 26100},  # recovery condition CPU-s / (3 x 7,500 trained + 3,600 scored)
     "recovery_cpu_s_per_condition": {"en": 84.0, "fr": 127.0},   # README, recovery study (every test pair scored)
 }
@@ -201,12 +211,31 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
     n_bl = n_ft if bl == "ft" else min(int(bl or sizes["train"]), sizes["train"])
     twins = [m for m in params.get("null_models") or []] if params.get("null_control") else []
     n_twin_seeds = int(params.get("null_seeds") or 1)
+    fs = fs_settings(params.get("fs_profile") or "smoke")   # 04b_baselines' default
+    lang = "fr" if load_manifest(dataset)["language"] == "fr" else "en"
+    fs_tokens = min(tok["full"] * CPU_MEASURED["fs_tokens_per_prompt_token"][lang], fs["max_length"])
+    fs_vocab = min(CPU_MEASURED["fs_vocab"].get(dataset, fs["vocab_size"]), fs["vocab_size"])
     return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "eval_views": len(eval_views),
             "pairs": pairs, "all_pairs": all_pairs, "mlp_pairs": mlp_pairs, "baseline_train": n_bl,
             "null_twins": {m: n_twin_seeds for m in twins}, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
             "val_tokens": n_val * epochs * tok["full"], "eval_tokens": n_eval * sum(tok[v] for v in eval_views),
             "pair_prompts": pairs * 2 * VIEWS_PER_RECORD, "pair_tokens": pairs * 2 * per_record,
+            "fs_profile": params.get("fs_profile") or "smoke", "fs_tokens": fs_tokens, "fs_vocab": fs_vocab,
             "max_length": cap, "longest_prompt": longest, "tokens_basis": basis}
+
+# %% ../nbs/00d_plan.ipynb #82466d86
+def fs_flops_per_token(settings: dict, seq: float, kind: str) -> float:
+    """FLOPs per token of the FS RoBERTa of `settings` on texts of `seq` tokens: `kind` 'score' (forward), 'train'
+    (classifier fine-tuning, forward and backward) or 'mlm' (MLM pre-training, with the LM head)."""
+    h, L, I, V = settings["hidden_size"], settings["num_hidden_layers"], settings["intermediate_size"], settings["vocab_size"]
+    enc = L * (2 * (4 * h * h + 2 * h * I) + 4 * seq * h)
+    if kind == "score":
+        return float(enc)
+    if kind == "train":
+        return 3.0 * enc
+    if kind == "mlm":
+        return 3.0 * (enc + 2 * (h * h + h * V))
+    raise ValueError(f"kind must be 'score', 'train' or 'mlm', not {kind!r}")
 
 # %% ../nbs/00d_plan.ipynb #1a74c3f8
 def _model_seconds(tokens: float, prompts: int, kind: str, n: int, lang: str, tiny: bool, gpu: tuple | None) -> float:
@@ -219,6 +248,18 @@ def _model_seconds(tokens: float, prompts: int, kind: str, n: int, lang: str, ti
         return prompts * CPU_MEASURED["tiny_s_per_prompt"][lang] * (3 if kind == "train" else 1)
     rate = CPU_MEASURED["lora_train_tokens_per_s" if kind == "train" else "score_tokens_per_s"] * N_REF / n
     return tokens / rate
+
+def _fs_seconds(wl: dict, n_train: int, n_scored: int, gpu: tuple | None) -> float:
+    """Compute-bound seconds of one FS model: MLM pre-training and fine-tuning (with its validation) on `n_train` texts,
+    then scoring `n_scored` texts; on CPU at the measured FLOP rates (2 threads), on one GPU at the stated utilisation."""
+    s, T = {**fs_settings(wl["fs_profile"]), "vocab_size": wl["fs_vocab"]}, wl["fs_tokens"]
+    n_val = math.ceil(s["val_frac"] * n_train) if s["val_frac"] > 0 else 0
+    flops = {"mlm": s["mlm_epochs"] * n_train * T * fs_flops_per_token(s, T, "mlm"),
+             "train": s["epochs"] * (n_train - n_val) * T * fs_flops_per_token(s, T, "train"),
+             "score": (s["epochs"] * n_val + n_scored) * T * fs_flops_per_token(s, T, "score")}
+    if gpu is not None:
+        return sum(f / (gpu[0] * 1e12 * GPU_UTILISATION["score" if k == "score" else "train"]) for k, f in flops.items())
+    return sum(f / CPU_MEASURED["fs_flops_per_s"][k] for k, f in flops.items())
 
 def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang: str, tiny: bool,
                   gpu: tuple | None) -> float | None:
@@ -240,17 +281,22 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
                 + ms(ft_runs * wl["val_tokens"] + wl["eval_tokens"],
                      ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD), "score"))
     slow = 1.0 if int(params.get("baseline_threads") or 1) >= 2 else CPU_MEASURED["one_thread_factor"]
-    threaded = {"FS": slow, "RF": 1.0, "MLP": slow}   # torch (FS, MiniLM) follows baseline_threads; the RF does not
+    per = CPU_MEASURED["text_s_per_text"][lang]
+    # MiniLM (the MLP's input) follows baseline_threads; on a GPU (SentenceEncoder uses CUDA when present) its CPU time
+    # x the CPU / GPU FLOP-rate ratio
+    minilm = per["MiniLM"] * (slow if gpu is None else CPU_MEASURED["fs_flops_per_s"]["score"] / (gpu[0] * 1e12 * GPU_UTILISATION["score"]))
+    n_fs = 1 + twins.get("FS", 0)
+    # FS: the measured time of the small (overhead-bound) FS, or its FLOPs where those take longer (the paper's size)
+    fs_time = lambda measured, flop_s: n_fs * (flop_s if gpu is not None else max(measured, flop_s) * slow)
     if stage == "04b_baselines":
-        rate = CPU_MEASURED["baseline_s_per_train_record"][lang]
-        fit = sum(rate[m] * f for m, f in threaded.items())
-        fit += sum(k * rate["MLP_null" if m == "MLP" else m] * threaded[m] for m, k in twins.items() if m in threaded)
-        return light + wl["baseline_train"] * fit
+        rate, n, test_texts = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"], wl["ft_eval"] * VIEWS_PER_RECORD
+        fit = n * ((1 + twins.get("RF", 0)) * rate["RF"] + rate["MLP_fit"] + twins.get("MLP", 0) * rate["MLP_null"] * slow)
+        mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in every view
+        return light + fit + mlp + fs_time(rate["FS"] * n, _fs_seconds(wl, n, test_texts, gpu))
     if stage == "06_predict":
-        per = CPU_MEASURED["text_s_per_text"][lang]
         texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
-        cheap = (texts * ((1 + twins.get("FS", 0)) * per["FS"] * slow + (1 + twins.get("RF", 0)) * per["RF"])
-                 + mlp_texts * (per["MiniLM"] * slow + twins.get("MLP", 0) * per["RF"]))   # the MLP twins reuse the embeddings
+        cheap = (fs_time(texts * per["FS"], _fs_seconds(wl, 0, texts, gpu)) + texts * (1 + twins.get("RF", 0)) * per["RF"]
+                 + mlp_texts * (minilm + twins.get("MLP", 0) * per["RF"]))   # the MLP twins reuse the embeddings
         return light + ft_runs * ms(wl["pair_tokens"], wl["pair_prompts"], "score") + cheap
     if stage == "08_recovery":
         conds = int(params.get("recovery_null_seeds", 3)) + (len(params.get("recovery_scales", [0, 1, 2])) - 1) * len(
@@ -265,9 +311,12 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
                 else "CPU tokens/s measured, scaled by parameters")
     if stage == "06_predict":
         return ("FT: FLOPs at the stated GPU utilisation" if gpu else "FT: tiny-model CPU s/prompt" if tiny
-                else "FT: CPU tokens/s scaled by parameters") + "; FS, RF, MLP: measured CPU-s per pair text"
-    return {"04b_baselines": "measured CPU-s per training record and model (FS on a GPU is faster)",
-            "08_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
+                else "FT: CPU tokens/s scaled by parameters") + ("; FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio; RF: measured CPU-s per pair text"
+                if gpu else "; FS: measured CPU-s per pair text or FLOPs at the measured rate; RF, MLP: measured CPU-s per pair text")
+    if stage == "04b_baselines":
+        return ("FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio + its measured fit; RF: measured CPU-s per training record" if gpu
+                else "FS: measured CPU-s per training record or FLOPs at the measured rate; RF, MLP: measured CPU-s per training record and per text embedded")
+    return {"08_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
             "02_cohort": "light stage + s/record measured", "07_metrics": "measured 07_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time" if stage in (
             "03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report") else "no measurement")
 
@@ -303,6 +352,13 @@ def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | 
             continue
         out[s], ran_any = why, True
     return out
+
+# %% ../nbs/00d_plan.ipynb #8afe8701
+def effective_params(dataset: str, profile: str) -> dict:
+    "The parameters the stages of `profile` run with on `dataset`: the profile's, over the stage notebooks' defaults."
+    params = load_params(dataset, profile)
+    defaults = chain.notebook_defaults(stages_for(params))
+    return {**{k: next(iter(v.values())) for k, v in defaults.items() if k != "run_dir"}, **params}
 
 # %% ../nbs/00d_plan.ipynb #1548373b
 class PlanRefused(ValueError):
@@ -345,7 +401,7 @@ def _fit(p: dict) -> tuple[list[str], list[str]]:
 def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float | None = None, run_dir: str | Path | None = None,
          gpu: str = "A100", model: str | None = None, qlora: bool | None = None, strict: bool = True) -> dict:
     "The plan of `triage-cf reproduce --dataset DATASET --profile PROFILE` on this hardware; nothing is run."
-    params = load_params(dataset, profile)
+    params = effective_params(dataset, profile)
     manifest = load_manifest(dataset)
     lang = manifest["language"]
     ft_model = str(model or params.get("ft_model", "tiny-llama"))
@@ -360,7 +416,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
               "bf16_tflops": GPU_SPECS[gpu][0]}
     else:
         hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1)}
-    stages = stages_for(params)
+    stages = stages_for(load_params(dataset, profile))   # the profile's switches, not the notebooks' defaults
     sizes = dataset_sizes(dataset, params, run_dir)
     wl = workload(dataset, params, sizes)
     mem = memory_gb(cfg, counts, hw["device"], int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
@@ -383,6 +439,9 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
          "basis": {"cpu": "measured throughputs of the development machine (triage_cf.plan.CPU_MEASURED)",
                    "gpu": f"FLOPs 6N/token training, 2N/token scoring at {GPU_UTILISATION} of the bf16 peak"}}
     p["refused"], p["notes"] = _fit(p)
+    long = [f"{r['stage']} ({r['seconds'] / 3600:.0f} h)" for r in rows if (r["seconds"] or 0) > 86400]
+    if long:
+        p["notes"].append(f"{', '.join(long)} would run over a day each on {format_hardware(hw)} (see each stage's basis)")
     if strict and p["refused"]:
         raise PlanRefused(f"plan refused for {dataset} / {profile} on {format_hardware(hw)}: " + "; ".join(p["refused"]), p)
     return p
