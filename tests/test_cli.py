@@ -81,3 +81,20 @@ def test_swap_text_cli(tmp_path):
     # the few-shot LLM g is tested in test_rewrite_llm.py (fake server, tiny model); here only its argument errors
     p = _run("swap-text", "--lang", "en", "--to", "male", "--method", "llm", "--backend", "openai", "She is anxious.")
     assert p.returncode == 2 and "--base-url" in p.stderr
+
+
+def test_set_overrides_are_yaml_values():
+    from triage_cf.chain import parse_overrides
+    assert parse_overrides(["ft_num_processes=2", "ft_eval_views=[full, tab_iso]", "ft_train_n=null", "ft_base_url=",
+                            "fs_profile=default", "ft_lr=1.0e-3"]) == {
+        "ft_num_processes": 2, "ft_eval_views": ["full", "tab_iso"], "ft_train_n": None, "ft_base_url": None,
+        "fs_profile": "default", "ft_lr": 1e-3}
+    for bad in ("ft_num_processes", "=2", "two words=1", "x=[unclosed"):
+        with pytest.raises(ValueError, match="--set"):
+            parse_overrides([bad])
+
+
+def test_reproduce_refuses_a_malformed_set(tmp_path):
+    p = _run("reproduce", "--dataset", "synth-en", "--profile", "smoke", "--out", str(tmp_path / "run"), "--set", "n_boot")
+    assert p.returncode == 2 and "--set 'n_boot': expected KEY=VALUE" in p.stderr
+    assert not (tmp_path / "run").exists()   # nothing ran

@@ -121,3 +121,24 @@ def test_cached_stages_of_a_real_run_folder(tmp_path, capsys):
     assert main(["plan", "--dataset", "synth-en", "--profile", "smoke", "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
     assert "01_data              cached" in out and "03_split             runs" in out
+
+
+def test_overrides_are_the_chains(tmp_path, capsys):
+    "`--set KEY=VALUE` means the same to `plan` as to `reproduce`: the stages it ran under an override are cached for it."
+    from triage_cf.chain import _code_fingerprint
+    run = tmp_path / "run"
+    code = _code_fingerprint()
+    reproduce("synth-en", "smoke", out=run, until="04_emulator", quiet=True, overrides={"null_seeds": 2})
+    p = plan("synth-en", "smoke", run_dir=run, overrides={"null_seeds": 2})
+    if _code_fingerprint() != code:
+        pytest.skip("a file of triage_cf/ changed while this test ran, which un-caches every stage by the chain's rule")
+    status = {r["stage"]: r["status"] for r in p["stages"]}
+    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "03e_null_control"], p["stages"]
+    assert p["workload"]["null_twins"] == {"FT": 2, "FS": 2, "RF": 2, "MLP": 2} and p["overrides"] == {"null_seeds": 2}
+    why = {r["stage"]: r["why"] for r in plan("synth-en", "smoke", run_dir=run)["stages"]}   # the notebooks' 1 seed
+    assert why["03_split"] == "cached" and why["03e_null_control"].startswith("its notebook, parameters"), why
+    assert main(["plan", "--dataset", "synth-en", "--profile", "smoke", "--run-dir", str(run), "--set", "null_seeds=2"]) == 0
+    out = capsys.readouterr().out
+    assert "profile smoke, null_seeds=2" in out and "03e_null_control     cached" in out
+    assert main(["plan", "--dataset", "synth-en", "--profile", "smoke", "--set", "null_seeds"]) == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err

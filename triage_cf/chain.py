@@ -104,6 +104,22 @@ def _notebook_parameters(path: Path) -> set[str]:
     return set(pm.inspect_notebook(str(path)).keys())
 
 
+def parse_overrides(items: list[str] | None) -> dict:
+    """Parameters from the command line's `--set KEY=VALUE` (VALUE read as YAML: `--set ft_num_processes=2`,
+    `--set ft_eval_views=[full]`, `--set ft_train_n=null`); a malformed item raises ValueError naming it."""
+    import yaml
+    out: dict = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not key.strip().isidentifier():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY a parameter name, e.g. --set ft_num_processes=2")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {item!r}: VALUE is not valid YAML ({exc.__class__.__name__})") from None
+    return out
+
+
 def notebook_defaults(stages: list[str]) -> dict[str, dict]:
     """{parameter: {stage: default}} of the `stages`' `parameters` cells: what a stage runs with where the profile
     leaves a key unset (literal defaults only; `triage-cf plan` reads them so that its sizes are the chain's)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .chain import StageFailed, reproduce
+from .chain import StageFailed, parse_overrides, reproduce
 from .core import run_dir_for
 from .data import dataset_status
 from .metrics import metrics_from_csv
@@ -23,11 +23,17 @@ SUBCOMMAND_MODULES = ("cli_margins", "cli_tbias", "cli_data")
 
 
 def _cmd_reproduce(args) -> int:
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = run_dir_for(args.dataset, args.profile, args.out)
-    print(f"triage-cf reproduce: dataset={args.dataset} profile={args.profile} run folder={out}", flush=True)
+    print(f"triage-cf reproduce: dataset={args.dataset} profile={args.profile} run folder={out}"
+          + "".join(f" {k}={v!r}" for k, v in overrides.items()), flush=True)
     t0 = time.perf_counter()
     try:
-        reproduce(args.dataset, args.profile, out=out, force=args.force)
+        reproduce(args.dataset, args.profile, out=out, force=args.force, overrides=overrides)
     except StageFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -107,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile", default="default", help="smoke | default | paper (or any profile in params/)")
     r.add_argument("--out", default=None, help="run folder (default runs/<dataset>/<profile>/)")
     r.add_argument("--force", action="store_true", help="re-run every stage")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", default=None,
+                   help="a parameter over the profile's (VALUE is YAML; repeatable), recorded in run.json, e.g. --set ft_num_processes=2")
     r.set_defaults(func=_cmd_reproduce)
     d = sub.add_parser("datasets", help="list the datasets described in data_manifest/")
     d.set_defaults(func=_cmd_datasets)

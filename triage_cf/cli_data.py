@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from .chain import parse_overrides
 from .core import data_root
 from .fetch import AccessNotOpen, fetch_dataset
 from .plan import PlanRefused, format_plan, plan
@@ -33,7 +34,7 @@ def _cmd_fetch(args) -> int:
 def _cmd_plan(args) -> int:
     try:
         p = plan(args.dataset, args.profile, gpus=args.gpus, gpu_mem_gb=args.gpu_mem, run_dir=args.run_dir, gpu=args.gpu,
-                 model=args.model, qlora=True if args.qlora else None)
+                 model=args.model, qlora=True if args.qlora else None, overrides=parse_overrides(args.set))
     except PlanRefused as exc:
         print(format_plan(exc.plan) if not args.json else json.dumps(exc.plan, indent=2, default=str))
         print(f"error: {exc}", file=sys.stderr)
@@ -63,5 +64,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="a local model folder in place of the profile's ft_model (reads config.json)")
     p.add_argument("--qlora", action="store_true", help="plan QLoRA (4-bit base) fine-tuning; refused on CPU")
     p.add_argument("--run-dir", default=None, help="the run folder whose cached stages to count (default: runs/<dataset>/<profile>)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", default=None,
+                   help="a parameter over the profile's, as `triage-cf reproduce --set` (VALUE is YAML; repeatable)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)

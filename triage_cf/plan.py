@@ -321,9 +321,10 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
             "03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report") else "no measurement")
 
 # %% ../nbs/00d_plan.ipynb #635e5799
-def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | Path | None = None) -> dict[str, str]:
-    "For each stage: 'cached' (the chain would skip it) or the reason it would run."
-    params = load_params(dataset, profile)
+def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | Path | None = None,
+                  overrides: dict | None = None) -> dict[str, str]:
+    "For each stage: 'cached' (the chain would skip it) or the reason it would run (`overrides` as `reproduce`'s)."
+    params = {**load_params(dataset, profile), **(overrides or {})}
     paths = RunPaths(run_dir_for(dataset, profile, run_dir))
     if not paths.run_json.exists():
         return {s: "no run.json in the run folder" for s in stages}
@@ -354,9 +355,10 @@ def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | 
     return out
 
 # %% ../nbs/00d_plan.ipynb #8afe8701
-def effective_params(dataset: str, profile: str) -> dict:
-    "The parameters the stages of `profile` run with on `dataset`: the profile's, over the stage notebooks' defaults."
-    params = load_params(dataset, profile)
+def effective_params(dataset: str, profile: str, overrides: dict | None = None) -> dict:
+    """The parameters the stages of `profile` run with on `dataset`: `overrides` (as `reproduce`'s, the command line's
+    `--set`) over the profile's, over the stage notebooks' defaults."""
+    params = {**load_params(dataset, profile), **(overrides or {})}
     defaults = chain.notebook_defaults(stages_for(params))
     return {**{k: next(iter(v.values())) for k, v in defaults.items() if k != "run_dir"}, **params}
 
@@ -399,9 +401,10 @@ def _fit(p: dict) -> tuple[list[str], list[str]]:
 
 # %% ../nbs/00d_plan.ipynb #58900363
 def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float | None = None, run_dir: str | Path | None = None,
-         gpu: str = "A100", model: str | None = None, qlora: bool | None = None, strict: bool = True) -> dict:
-    "The plan of `triage-cf reproduce --dataset DATASET --profile PROFILE` on this hardware; nothing is run."
-    params = effective_params(dataset, profile)
+         gpu: str = "A100", model: str | None = None, qlora: bool | None = None, strict: bool = True,
+         overrides: dict | None = None) -> dict:
+    "The plan of `triage-cf reproduce --dataset DATASET --profile PROFILE [--set KEY=VALUE ...]` on this hardware; nothing is run."
+    params = effective_params(dataset, profile, overrides)
     manifest = load_manifest(dataset)
     lang = manifest["language"]
     ft_model = str(model or params.get("ft_model", "tiny-llama"))
@@ -416,7 +419,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
               "bf16_tflops": GPU_SPECS[gpu][0]}
     else:
         hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1)}
-    stages = stages_for(load_params(dataset, profile))   # the profile's switches, not the notebooks' defaults
+    stages = stages_for({**load_params(dataset, profile), **(overrides or {})})   # the profile's switches, not the notebooks' defaults
     sizes = dataset_sizes(dataset, params, run_dir)
     wl = workload(dataset, params, sizes)
     mem = memory_gb(cfg, counts, hw["device"], int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
@@ -424,7 +427,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
     mem_q = memory_gb(cfg, counts, "cuda", int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
                       int(params.get("predict_batch_size", 16)), lora=True, qlora=True)["train"] if lora else None
     gpu_arg = (hw["bf16_tflops"], hw["gpus"]) if gpus else None
-    cache = cached_stages(dataset, profile, stages, run_dir)
+    cache = cached_stages(dataset, profile, stages, run_dir, overrides)
     rows = []
     for s in stages:
         est = stage_seconds(s, params, sizes, wl, counts["n"], lang, tiny, gpu_arg)
@@ -432,7 +435,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
                      "seconds": 0.0 if cache[s] == "cached" else est, "basis": stage_basis(s, gpus is not None and bool(gpus), tiny)})
     unestimated = [r["stage"] for r in rows if r["seconds"] is None]
     missing = [f["path"] for f in manifest.get("files") or [] if file_checksum_status(f) != "ok"]
-    p = {"dataset": dataset, "profile": profile, "access": manifest["access"], "hardware": hw, "model": ft_model,
+    p = {"dataset": dataset, "profile": profile, "overrides": dict(overrides or {}), "access": manifest["access"], "hardware": hw, "model": ft_model,
          "model_config": cfg_src, "parameters": counts, "training": "full fine-tune" if not lora else ("QLoRA" if qlora else "LoRA"),
          "qlora": qlora, "sizes": sizes, "workload": wl, "memory_gb": mem, "qlora_train_gb": mem_q, "stages": rows,
          "seconds": sum(r["seconds"] or 0.0 for r in rows), "unestimated": unestimated, "data_missing": missing,
@@ -460,7 +463,8 @@ def _dur(s: float | None) -> str:
 def format_plan(p: dict) -> str:
     "The plan as text: hardware, model, sizes, memory, stages with their estimated time, refusals and notes."
     sz, wl, mem, c = p["sizes"], p["workload"], p["memory_gb"], p["parameters"]
-    out = [f"plan: dataset {p['dataset']} ({p['access']}), profile {p['profile']}, on {format_hardware(p['hardware'])}",
+    over = "".join(f", {k}={v!r}" for k, v in p.get("overrides", {}).items())
+    out = [f"plan: dataset {p['dataset']} ({p['access']}), profile {p['profile']}{over}, on {format_hardware(p['hardware'])}",
            f"model: {p['model']}, {c['n']:,} parameters ({p['training']}: {c['n_lora'] if p['training'] != 'full fine-tune' else c['n']:,} "
            f"trained); config: {p['model_config']}",
            f"records: {sz['records']:,} read, {sz['cohort']:,} in the cohort, {sz['train']:,} train / {sz['test']:,} test ({sz['basis']})",
