@@ -261,6 +261,8 @@ def _fs_seconds(wl: dict, n_train: int, n_scored: int, gpu: tuple | None) -> flo
         return sum(f / (gpu[0] * 1e12 * GPU_UTILISATION["score" if k == "score" else "train"]) for k, f in flops.items())
     return sum(f / CPU_MEASURED["fs_flops_per_s"][k] for k, f in flops.items())
 
+
+# %% ../nbs/00d_plan.ipynb #ec9eccaf
 def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang: str, tiny: bool,
                   gpu: tuple | None) -> float | None:
     "Estimated wall seconds of `stage` (None: nothing measured to estimate it from)."
@@ -304,6 +306,8 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         return light + conds * CPU_MEASURED["recovery_cpu_s_per_condition"][lang] / min(int(params.get("recovery_workers", 1)), os.cpu_count() or 1)
     return None
 
+
+# %% ../nbs/00d_plan.ipynb #db10ff19
 def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
     "Where `stage_seconds` of `stage` comes from, in a few words."
     if stage == "04_emulator":
@@ -319,6 +323,7 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
     return {"08_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
             "02_cohort": "light stage + s/record measured", "07_metrics": "measured 07_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time" if stage in (
             "03_split", "03e_null_control", "05_counterfactuals", "07_metrics", "09_report") else "no measurement")
+
 
 # %% ../nbs/00d_plan.ipynb #635e5799
 def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | Path | None = None,
