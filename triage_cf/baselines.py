@@ -273,6 +273,18 @@ def _pooling(path: Path) -> tuple[str, bool]:
             raise ValueError(f"{path}: pooling {cfg} is not supported (mean or CLS only)")
     return mode, normalize
 
+# %% ../nbs/04b_baselines.ipynb #9b85ec35
+def _pool(h, mask, pooling: str, normalize: bool):
+    "Sentence embeddings from the encoder's last hidden states `h` (batch, tokens, d): the CLS token or the masked mean."
+    import torch
+    if pooling == "cls":
+        e = h[:, 0]
+    else:
+        m = mask.unsqueeze(-1).to(h.dtype)
+        e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(e, p=2, dim=-1) if normalize else e
+
+
 # %% ../nbs/04b_baselines.ipynb #c2194ab6
 class SentenceEncoder:
     "Frozen sentence embeddings from a local encoder folder (default all-MiniLM-L6-v2), cached by text hash."
@@ -330,15 +342,8 @@ class SentenceEncoder:
                 b = order[s:s + self.batch_size]
                 enc = tok([texts[i] for i in b], padding=True, truncation=True, max_length=self.max_length,
                           return_tensors="pt").to(self.device)
-                h = model(**enc).last_hidden_state.float()
-                if self.pooling == "cls":
-                    e = h[:, 0]
-                else:
-                    m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
-                    e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
-                if self.normalize:
-                    e = torch.nn.functional.normalize(e, p=2, dim=-1)
-                out[b] = e.cpu().numpy()
+                out[b] = _pool(model(**enc).last_hidden_state.float(), enc["attention_mask"], self.pooling,
+                               self.normalize).cpu().numpy()
         return out
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
