@@ -533,16 +533,14 @@ def _typo(markup: str, rnd: random.Random, lang: str) -> str:
         out = cand
     return out
 
-# %% ../nbs/01a_synth.ipynb #d9d7c7b0
-def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Rows b*1000 .. b*1000+size-1: (raw table, canonical view the oracle reads)."
+# %% ../nbs/01a_synth.ipynb #59ff7358
+def _draws(lang: str, seed: int, b: int, kn: dict) -> dict:
+    "Block b's random draws (`u`, `z`, the notes' seed) and what they make of each visit: sex, age, complaint, hidden severity h, vital signs, flags."
     rng = np.random.default_rng([int(seed), _LANG_ID[lang], b])
     B = _BLOCK
     u = rng.random((B, 24))
     z = rng.standard_normal((B, 10))
-    note_seed = int(rng.integers(0, 2**62))
-    idx = b * B + np.arange(B)
-
+    d = dict(u=u, z=z, note_seed=int(rng.integers(0, 2**62)), idx=b * B + np.arange(B))
     sex = np.where(u[:, 0] < kn["share_female"], "F", "M")
     minor = u[:, 1] < kn["share_minor"]
     age = np.where(minor, 14 + np.floor(u[:, 18] * 4), np.floor(_adult_age(u[:, 18], kn["age_mean"], kn["age_sd"])))
@@ -563,16 +561,19 @@ def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFr
     gcs = np.clip(15 + np.minimum(0, np.round(load[:, 5] * sev - np.abs(0.3 * z[:, 6]))), 3, 15)
     gcs = np.where(cc == "CARD03", 3.0, gcs)
     pain = np.clip(np.round(cls.pain_mean.to_numpy(float) + 1.5 * z[:, 7] + sev), 0, 10)
-    term = u[:, 4] < kn["share_appendix_terms"]
-    cued = u[:, 5] >= kn["no_cue_share"]
-    typo = u[:, 6] < kn["typo_rate"]
-    miss = u[:, 7] < kn["share_missing"]
     miss_field = np.array(_MISS_FIELDS[lang])[np.minimum((u[:, 8] * len(_MISS_FIELDS[lang])).astype(int), len(_MISS_FIELDS[lang]) - 1)]
     miss_vital = np.array(_VITALS)[np.minimum((u[:, 20] * len(_VITALS)).astype(int), len(_VITALS) - 1)]
     if lang == "en":  # MIMIC-IV-ED has no GCS
         miss_vital = np.where(miss_vital == "gcs", "pain", miss_vital)
+    d.update(sex=sex, age=age, sexspec=sexspec, cc=cc, group=group, h=h, hr=hr, rr=rr, sbp=sbp, dbp=dbp, spo2=spo2,
+             temp=temp, gcs=gcs, pain=pain, term=u[:, 4] < kn["share_appendix_terms"], cued=u[:, 5] >= kn["no_cue_share"],
+             typo=u[:, 6] < kn["typo_rate"], miss=u[:, 7] < kn["share_missing"], miss_field=miss_field, miss_vital=miss_vital)
+    return d
 
-    # arrival time
+
+# %% ../nbs/01a_synth.ipynb #ccead9dd
+def _arrival(lang: str, u: np.ndarray, kn: dict) -> tuple[np.ndarray, np.ndarray]:
+    "(hour, arrival time to the minute) of each visit: the hour from the ED's day profile, the day uniform over the source's years."
     hour = np.searchsorted(_HOURS_CDF, u[:, 12], side="right")
     minute = np.floor(u[:, 13] * 60).astype(int)
     if lang == "fr":
@@ -583,120 +584,133 @@ def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFr
     else:
         d0, d1 = np.datetime64("2008-01-01"), np.datetime64("2020-01-01")
         day = d0 + np.floor(u[:, 11] * (d1 - d0).astype(int)).astype("timedelta64[D]")
-    when = day.astype("datetime64[m]") + (hour * 60 + minute).astype("timedelta64[m]")
+    return hour, day.astype("datetime64[m]") + (hour * 60 + minute).astype("timedelta64[m]")
 
-    # notes: one python stream per row, so a row's note depends only on its own draws
+
+# %% ../nbs/01a_synth.ipynb #c1c19726
+def _notes(lang: str, d: dict, size: int) -> tuple[list, list, list]:
+    "(notes in the visit's sex, the same notes in the other sex, free-text complaints) of the first `size` visits of draws `d`."
     t = _T[lang]
     notes, notes_other, cc_free = [], [], []
-    for i in range(size):
-        rnd = random.Random(note_seed + i)
+    sex, cc = d["sex"], d["cc"]
+    for i in range(size):  # one python stream per row, so a row's note depends only on its own draws
+        rnd = random.Random(d["note_seed"] + i)
         cc_free.append(rnd.choice(_CC_TEXT[cc[i]]["en_cc"]))
-        rec = dict(sex=sex[i], age=int(age[i]), age_note=int(age[i]), cc=cc[i], group=group[i], h=float(h[i]),
-                   cued=bool(cued[i]), term=None, term_in_hpi=False,
-                   vit=dict(hr=hr[i], rr=rr[i], sbp=sbp[i], dbp=dbp[i], spo2=spo2[i], temp=temp[i], pain=pain[i],
-                            tempf=round(temp[i] * 9 / 5 + 32, 1)))
-        if term[i]:
+        v = {k: d[k][i] for k in ("hr", "rr", "sbp", "dbp", "spo2", "temp", "pain")}
+        rec = dict(sex=sex[i], age=int(d["age"][i]), age_note=int(d["age"][i]), cc=cc[i], group=d["group"][i],
+                   h=float(d["h"][i]), cued=bool(d["cued"][i]), term=None, term_in_hpi=False,
+                   vit=dict(**v, tempf=round(v["temp"] * 9 / 5 + 32, 1)))
+        if d["term"][i]:
             tm = rnd.choice(t["terms"][sex[i]])
             rec["term"] = tm.replace("{year}", str(rnd.randint(1995, 2015))).replace("{n}", str(rnd.randint(2, 9)))
             rec["term_in_hpi"] = lang == "fr" and ("grossesse" in tm or "IVG" in tm)
-        if miss[i] and miss_field[i] == "vital":  # a note never quotes a value the record lacks
-            rec["vit"][{"temp_c": "temp"}.get(miss_vital[i], miss_vital[i])] = float("nan")
-            if miss_vital[i] == "temp_c":
+        mv = d["miss_vital"][i]
+        if d["miss"][i] and d["miss_field"][i] == "vital":  # a note never quotes a value the record lacks
+            rec["vit"][{"temp_c": "temp"}.get(mv, mv)] = float("nan")
+            if mv == "temp_c":
                 rec["vit"]["tempf"] = float("nan")
-        if lang == "fr":
-            hpi, pmh = _note_fr(rnd, rec)
-            if typo[i]:
-                hpi = _typo(hpi, rnd, lang)
-            notes.append((render(hpi, sex[i]), render(pmh, sex[i])))
-            notes_other.append((render(hpi, "M" if sex[i] == "F" else "F"), render(pmh, "M" if sex[i] == "F" else "F")))
-        else:
-            note = _note_en(rnd, rec)
-            if typo[i]:
-                note = _typo(note, rnd, lang)
-            notes.append((render(note, sex[i]),))
-            notes_other.append((render(note, "M" if sex[i] == "F" else "F"),))
+        other = "M" if sex[i] == "F" else "F"
+        parts = _note_fr(rnd, rec) if lang == "fr" else (_note_en(rnd, rec),)
+        if d["typo"][i]:  # the typos go in the main text (fr: the HPI; en: the note)
+            parts = (_typo(parts[0], rnd, lang),) + tuple(parts[1:])
+        notes.append(tuple(render(p, sex[i]) for p in parts))
+        notes_other.append(tuple(render(p, other) for p in parts))
+    return notes, notes_other, cc_free
 
-    n = size
-    sl = slice(0, n)
-    cue = np.where(cued, sex, None)[sl]
-    sex_rec = sex[sl].astype(object)
-    age_rec = age[sl].astype(float)
-    cc_rec = cc[sl].astype(object)
-    vit = {k: v[sl].astype(float).copy() for k, v in dict(hr=hr, rr=rr, sbp=sbp, dbp=dbp, spo2=spo2, temp_c=temp, gcs=gcs, pain=pain).items()}
-    text_main = [x[0] for x in notes]
-    text_main_other = [x[0] for x in notes_other]
-    mf, mv = miss_field[sl], miss_vital[sl]
-    m = miss[sl]
-    sex_rec[m & (mf == "sex")] = None
-    age_rec[m & (mf == "age")] = np.nan
-    cc_rec[m & (mf == "cc")] = None
+
+# %% ../nbs/01a_synth.ipynb #2f7dd3cd
+def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list) -> dict:
+    "What the first `size` records hold once each visit's missing field is blanked (en: no GCS, temperature through Fahrenheit)."
+    sl, m = slice(0, size), d["miss"][:size]
+    mf, mv = d["miss_field"][sl], d["miss_vital"][sl]
+    vit = {k: d[s][sl].astype(float).copy() for k, s in dict(hr="hr", rr="rr", sbp="sbp", dbp="dbp", spo2="spo2",
+                                                                temp_c="temp", gcs="gcs", pain="pain").items()}
+    r = dict(sex=d["sex"][sl].astype(object), age=d["age"][sl].astype(float), cc=d["cc"][sl].astype(object),
+             text_main=[x[0] for x in notes], text_main_other=[x[0] for x in notes_other], vit=vit, tempf=None)
+    r["sex"][m & (mf == "sex")] = None
+    r["age"][m & (mf == "age")] = np.nan
+    r["cc"][m & (mf == "cc")] = None
     for k in _VITALS:
         vit[k][m & (mf == "vital") & (mv == k)] = np.nan
     for i in np.flatnonzero(m & (mf == "text")):
-        text_main[i] = None
-        text_main_other[i] = None
+        r["text_main"][i] = r["text_main_other"][i] = None
     if lang == "en":
         vit["gcs"][:] = np.nan
-        tempf = np.round(vit["temp_c"] * 9 / 5 + 32, 1)
-        vit["temp_c"] = (tempf - 32) * 5 / 9   # exactly what a loader converting the raw Fahrenheit value gets
+        r["tempf"] = np.round(vit["temp_c"] * 9 / 5 + 32, 1)
+        vit["temp_c"] = (r["tempf"] - 32) * 5 / 9   # exactly what a loader converting the raw Fahrenheit value gets
+    return r
 
-    cc_label = np.array([None if c is None else _CC_LABEL[lang][c] for c in cc_rec], dtype=object)
-    if lang == "en":
-        cc_text = np.array([None if c is None else f for c, f in zip(cc_rec, cc_free)], dtype=object)
-    canon = pd.DataFrame(dict(sex=sex_rec, age=age_rec, **{k: vit[k] for k in _VITALS}, cc_code=cc_rec))
-    if lang == "fr":
-        canon["hpi"], canon["pmh"] = text_main, [x[1] for x in notes]
-        canon["cc_text"], canon["note"] = cc_label, None
-    else:
-        canon["cc_text"], canon["note"] = cc_text, text_main
-        canon["hpi"], canon["pmh"] = None, None
-    proba = oracle_proba(canon, lang, **{k: kn[k] for k in ORACLE_KNOBS})
-    level = 1 + (u[sl, 9][:, None] > np.cumsum(proba, axis=1)[:, :4]).sum(axis=1).astype(float)
-    level[m & (mf == "level")] = np.nan
-    specific = sexspec[sl] | term[sl]
 
+# %% ../nbs/01a_synth.ipynb #2327efc4
+def _raw_table(lang: str, d: dict, r: dict, size: int, notes: list, notes_other: list, level: np.ndarray,
+               hour: np.ndarray, when: np.ndarray) -> pd.DataFrame:
+    "The source's flat table of the first `size` visits (fr: chu-bordeaux, with the nurses' fields; en: MIMIC-IV-ED-like) + truth columns."
+    sl, u, m, mf = slice(0, size), d["u"], d["miss"][:size], d["miss_field"][:size]
+    idx, vit = d["idx"][sl], r["vit"]
+    cue = np.where(d["cued"], d["sex"], None)[sl].astype(object)
+    specific = (d["sexspec"][sl] | d["term"][sl]).astype("int64")
     if lang == "fr":
-        nurse_f = u[sl, 14] < 0.78
-        nurse_sex = np.where(nurse_f, "F", "H").astype(object)
+        nurse_sex = np.where(u[sl, 14] < 0.78, "F", "H").astype(object)
         nurse_sex[m & (mf == "nurse_sex")] = None
         exp_years = np.minimum(40, np.floor(-7.0 * np.log1p(-u[sl, 16] * 0.999)))
         training = (u[sl, 15] < 0.3 + 0.03 * np.minimum(exp_years, 15)).astype(float)
         day_h = ((hour[sl] >= 10) & (hour[sl] <= 20)).astype(float)
-        saturation = np.round(np.maximum(0.2, 0.85 + 0.25 * z[sl, 9] + 0.25 * day_h), 2)
-        raw = pd.DataFrame({
-            "id_passage": (10_000_001 + idx[sl]).astype("int64"),
+        return pd.DataFrame({
+            "id_passage": (10_000_001 + idx).astype("int64"),
             "date_entree": pd.Series(when[sl]).dt.strftime("%Y-%m-%d %H:%M").to_numpy(),
-            "saturation_su": saturation, "age": age_rec,
-            "sexe": np.array([None if s is None else ("H" if s == "M" else "F") for s in sex_rec], dtype=object),
-            "motif_code": cc_rec, "motif_libelle": cc_label,
-            "histoire_maladie": text_main, "antecedents": [x[1] for x in notes],
+            "saturation_su": np.round(np.maximum(0.2, 0.85 + 0.25 * d["z"][sl, 9] + 0.25 * day_h), 2), "age": r["age"],
+            "sexe": np.array([None if s is None else ("H" if s == "M" else "F") for s in r["sex"]], dtype=object),
+            "motif_code": r["cc"], "motif_libelle": r["cc_label"],
+            "histoire_maladie": r["text_main"], "antecedents": [x[1] for x in notes],
             "fc": vit["hr"], "fr": vit["rr"], "pas": vit["sbp"], "pad": vit["dbp"], "spo2": vit["spo2"],
             "temperature": vit["temp_c"], "glasgow": vit["gcs"], "eva": vit["pain"],
             "ide_sexe": nurse_sex, "ide_experience_annees": exp_years, "ide_formation_tri": training, "cimu": level,
-            "histoire_maladie_autre_sexe": text_main_other, "antecedents_autre_sexe": [x[1] for x in notes_other],
-            "indice_sexe_texte": cue.astype(object), "contenu_sexe_specifique": specific.astype("int64"),
-        })
+            "histoire_maladie_autre_sexe": r["text_main_other"], "antecedents_autre_sexe": [x[1] for x in notes_other],
+            "indice_sexe_texte": cue, "contenu_sexe_specifique": specific})
+    p_amb = 1 / (1 + np.exp(-(-1.0 + 0.8 * d["h"][sl] + 0.02 * (d["age"][sl] - 60))))
+    transport = np.where(u[sl, 17] < p_amb, "AMBULANCE", "WALK IN").astype(object)
+    transport[u[sl, 19] < 0.03] = "UNKNOWN"
+    transport[(u[sl, 19] >= 0.03) & (u[sl, 19] < 0.05)] = "OTHER"
+    transport[(u[sl, 19] >= 0.05) & (u[sl, 19] < 0.055)] = "HELICOPTER"
+    return pd.DataFrame({
+        "stay_id": (30_000_001 + idx).astype("int64"), "subject_id": (10_000_001 + idx).astype("int64"),
+        "intime": pd.Series(when[sl]).dt.strftime("%Y-%m-%d %H:%M:%S").to_numpy(),
+        "gender": r["sex"], "age": r["age"], "arrival_transport": transport,
+        "temperature": r["tempf"], "heartrate": vit["hr"], "resprate": vit["rr"], "o2sat": vit["spo2"],
+        "sbp": vit["sbp"], "dbp": vit["dbp"], "pain": vit["pain"], "acuity": level,
+        "chiefcomplaint": r["cc_text"], "triage_note": r["text_main"],
+        "complaint_code": r["cc"], "triage_note_other_sex": r["text_main_other"],
+        "note_sex_cue": cue, "sex_specific_content": specific})
+
+
+# %% ../nbs/01a_synth.ipynb #d9d7c7b0
+def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "Rows b*1000 .. b*1000+size-1: (raw table, canonical view the oracle reads)."
+    d = _draws(lang, seed, b, kn)
+    hour, when = _arrival(lang, d["u"], kn)
+    notes, notes_other, cc_free = _notes(lang, d, size)
+    r = _recorded(lang, d, size, notes, notes_other)
+    r["cc_label"] = np.array([None if c is None else _CC_LABEL[lang][c] for c in r["cc"]], dtype=object)
+    r["cc_text"] = (np.array([None if c is None else f for c, f in zip(r["cc"], cc_free)], dtype=object)
+                    if lang == "en" else r["cc_label"])
+    canon = pd.DataFrame(dict(sex=r["sex"], age=r["age"], **{k: r["vit"][k] for k in _VITALS}, cc_code=r["cc"]))
+    if lang == "fr":
+        canon["hpi"], canon["pmh"] = r["text_main"], [x[1] for x in notes]
+        canon["cc_text"], canon["note"] = r["cc_label"], None
     else:
-        p_amb = 1 / (1 + np.exp(-(-1.0 + 0.8 * h[sl] + 0.02 * (age[sl] - 60))))
-        transport = np.where(u[sl, 17] < p_amb, "AMBULANCE", "WALK IN").astype(object)
-        transport[u[sl, 19] < 0.03] = "UNKNOWN"
-        transport[(u[sl, 19] >= 0.03) & (u[sl, 19] < 0.05)] = "OTHER"
-        transport[(u[sl, 19] >= 0.05) & (u[sl, 19] < 0.055)] = "HELICOPTER"
-        raw = pd.DataFrame({
-            "stay_id": (30_000_001 + idx[sl]).astype("int64"), "subject_id": (10_000_001 + idx[sl]).astype("int64"),
-            "intime": pd.Series(when[sl]).dt.strftime("%Y-%m-%d %H:%M:%S").to_numpy(),
-            "gender": sex_rec, "age": age_rec, "arrival_transport": transport,
-            "temperature": tempf, "heartrate": vit["hr"], "resprate": vit["rr"], "o2sat": vit["spo2"],
-            "sbp": vit["sbp"], "dbp": vit["dbp"], "pain": vit["pain"], "acuity": level,
-            "chiefcomplaint": cc_text, "triage_note": text_main,
-            "complaint_code": cc_rec, "triage_note_other_sex": text_main_other,
-            "note_sex_cue": cue.astype(object), "sex_specific_content": specific.astype("int64"),
-        })
+        canon["cc_text"], canon["note"] = r["cc_text"], r["text_main"]
+        canon["hpi"], canon["pmh"] = None, None
+    proba = oracle_proba(canon, lang, **{k: kn[k] for k in ORACLE_KNOBS})
+    level = 1 + (d["u"][:size, 9][:, None] > np.cumsum(proba, axis=1)[:, :4]).sum(axis=1).astype(float)
+    m, mf = d["miss"][:size], d["miss_field"][:size]
+    level[m & (mf == "level")] = np.nan
+    raw = _raw_table(lang, d, r, size, notes, notes_other, level, hour, when)
     canon["triage_level"] = level
     for col in EXTRA_COLUMNS[lang]:
         if col != "complaint_code":
             canon[f"x_{col}"] = raw[col].to_numpy()
     return raw, canon
+
 
 # %% ../nbs/01a_synth.ipynb #3f87276f
 _CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)), "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
