@@ -188,12 +188,9 @@ def _appendix_sums(dataset: str) -> dict[str, tuple[float, float]]:
     return out
 
 # %% ../nbs/07a_reconciliation.ipynb #9f74b173
-def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
-    "Register every published number and run every check. Returns (numbers, checks) as DataFrames."
-    book = _Book()
-    # ---- Table 3 as printed
+def _table3_checks(book: _Book) -> None:
+    "Register Table 3 as printed: each CI must contain its estimate; each column must satisfy the metric identities."
     for col, rows in TABLE3.items():
-        ds = COLUMN_DATASET[col]
         ids = {}
         for m, (e, lo, hi) in rows.items():
             for part, txt in (("estimate", e), ("ci_low", lo), ("ci_high", hi)):
@@ -204,57 +201,62 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
                 book.check(f"Table 3 {col}", f"{m}: the CI contains the estimate", f"T3|{col}|{m}|{part}",
                            (est, est), kind="sanity", inputs=[ids[m]], ok=ok)
         _table3_identities(book, col, ids, f"Table 3 {col}")
-    # ---- Appendix C
+
+
+# %% ../nbs/07a_reconciliation.ipynb #2a8ae14c
+def _appendix_level(book: _Book, t_pct: str, t_cnt: str, L, counts: tuple, pcts: tuple) -> list[str]:
+    "Register one level of an Appendix C pair of tables (counts `t_cnt`, percentages `t_pct`) and check each against the counts; returns the count ids."
+    a, b, c, d, orr, lo, hi, p = counts
+    g, gp = f"{t_cnt} level {L}", f"{t_pct} level {L}"
+    ids, cids = {}, []
+    for k, x in (("cf<orig M", a), ("cf>=orig M", b), ("cf<orig F", c), ("cf>=orig F", d)):
+        cids.append(f"{t_cnt}|{L}|{k}")
+        book.num(cids[-1], t_cnt, f"level {L} · {k}", str(x))
+        book.numbers[cids[-1]].update(low=float(x), high=float(x))   # counts are exact
+    for k, txt in (("OR", orr), ("ci_low", lo), ("ci_high", hi), ("p", p)):
+        ids[k] = f"{t_cnt}|{L}|{k}"
+        if txt == "—":
+            book.numbers[ids[k]] = {"id": ids[k], "source": t_cnt, "item": f"level {L} · {k}", "printed": "—",
+                                    "value": np.nan, "low": np.nan, "high": np.nan}
+        else:
+            book.num(ids[k], t_cnt, f"level {L} · {k}", txt)
+    r = odds_ratio_2x2(a, b, c, d)
+    if orr == "—":
+        zero = min(a, b, c, d) == 0
+        detail = "a cell is zero" if zero else (f"no zero cell: OR {r['OR']:.2f} [{r['ci_low']:.2f}-{r['ci_high']:.2f}], "
+                                                 f"p = {r['p_value']:.2g} from the counts")
+        book.checks.append(Check(g, "the OR is left out ('—') only where a cell is zero", ids["OR"], "—",
+                                 (np.nan, np.nan), zero, "exact", tuple(cids), detail, False))
+    else:
+        for k, key in (("OR", "OR"), ("ci_low", "ci_low"), ("ci_high", "ci_high"), ("p", "p_value")):
+            book.check(g, f"{k} from the counts (Woolf CI, Wald p)" if k != "OR" else "OR = (a d) / (b c) from the counts",
+                       ids[k], (r[key], r[key]), inputs=cids, blame_inputs=False)
+    # the percentage table from the counts
+    for k, txt in zip(("cf>orig M", "cf<orig M", "cf>orig F", "cf<orig F", "delta cf>", "delta cf<"), pcts):
+        book.num(f"{t_pct}|{L}|{k}", t_pct, f"level {L} · {k}", txt)
+    pid = lambda k: f"{t_pct}|{L}|{k}"
+    book.check(gp, f"% cf<orig (M) = {a} / ({a} + {b}) ({t_cnt})", pid("cf<orig M"), (100 * a / (a + b),) * 2,
+               inputs=cids[:2], blame_inputs=False)
+    book.check(gp, f"% cf<orig (F) = {c} / ({c} + {d}) ({t_cnt})", pid("cf<orig F"), (100 * c / (c + d),) * 2,
+               inputs=cids[2:], blame_inputs=False)
+    book.check(gp, "Δ M-F cf> = % cf>orig (M) - % cf>orig (F)", pid("delta cf>"),
+               lin((1, book.iv(pid("cf>orig M"))), (-1, book.iv(pid("cf>orig F")))), inputs=[pid("cf>orig M"), pid("cf>orig F")])
+    book.check(gp, "Δ M-F cf< = % cf<orig (M) - % cf<orig (F) as printed", pid("delta cf<"),
+               lin((1, book.iv(pid("cf<orig M"))), (-1, book.iv(pid("cf<orig F")))), inputs=[pid("cf<orig M"), pid("cf<orig F")])
+    exact = 100 * a / (a + b) - 100 * c / (c + d)
+    book.check(gp, f"Δ M-F cf< from the counts of {t_cnt}", pid("delta cf<"), (exact, exact), inputs=cids, blame_inputs=False)
+    return cids
+
+
+# %% ../nbs/07a_reconciliation.ipynb #b426111a
+def _appendix_checks(book: _Book) -> None:
+    "Register Appendix C (every level of each dataset's tables) and check its totals and its level-weighted sums against Table 3."
     count_ids: dict[str, list[str]] = {}
     for ds, (t_pct, pct, t_cnt, cnt) in APPENDIX.items():
         total = {"M": 0, "F": 0}
-        for L, (a, b, c, d, orr, lo, hi, p) in cnt.items():
-            total["M"] += a + b; total["F"] += c + d
-            g = f"{t_cnt} level {L}"
-            ids = {}
-            cids = []
-            for k, x in (("cf<orig M", a), ("cf>=orig M", b), ("cf<orig F", c), ("cf>=orig F", d)):
-                cids.append(f"{t_cnt}|{L}|{k}")
-                book.num(cids[-1], t_cnt, f"level {L} · {k}", str(x))
-                book.numbers[cids[-1]].update(low=float(x), high=float(x))   # counts are exact
-            count_ids.setdefault(ds, []).extend(cids)
-            for k, txt in (("OR", orr), ("ci_low", lo), ("ci_high", hi), ("p", p)):
-                ids[k] = f"{t_cnt}|{L}|{k}"
-                if txt == "—":
-                    book.numbers[ids[k]] = {"id": ids[k], "source": t_cnt, "item": f"level {L} · {k}", "printed": "—",
-                                            "value": np.nan, "low": np.nan, "high": np.nan}
-                else:
-                    book.num(ids[k], t_cnt, f"level {L} · {k}", txt)
-            r = odds_ratio_2x2(a, b, c, d)
-            if orr == "—":
-                zero = min(a, b, c, d) == 0
-                detail = "a cell is zero" if zero else (f"no zero cell: OR {r['OR']:.2f} [{r['ci_low']:.2f}-{r['ci_high']:.2f}], "
-                                                         f"p = {r['p_value']:.2g} from the counts")
-                book.checks.append(Check(g, "the OR is left out ('—') only where a cell is zero", ids["OR"], "—",
-                                         (np.nan, np.nan), zero, "exact", tuple(cids), detail, False))
-            else:
-                for k, key in (("OR", "OR"), ("ci_low", "ci_low"), ("ci_high", "ci_high"), ("p", "p_value")):
-                    book.check(g, f"{k} from the counts (Woolf CI, Wald p)" if k != "OR" else "OR = (a d) / (b c) from the counts",
-                               ids[k], (r[key], r[key]), inputs=cids, blame_inputs=False)
-            # Table 6/8 from the counts
-            gp = f"{t_pct} level {L}"
-            gtM, ltM, gtF, ltF, dgt, dlt = pct[L]
-            for k, txt in (("cf>orig M", gtM), ("cf<orig M", ltM), ("cf>orig F", gtF), ("cf<orig F", ltF),
-                           ("delta cf>", dgt), ("delta cf<", dlt)):
-                book.num(f"{t_pct}|{L}|{k}", t_pct, f"level {L} · {k}", txt)
-            book.check(gp, f"% cf<orig (M) = {a} / ({a} + {b}) ({t_cnt})", f"{t_pct}|{L}|cf<orig M", (100 * a / (a + b),) * 2,
-                       inputs=cids[:2], blame_inputs=False)
-            book.check(gp, f"% cf<orig (F) = {c} / ({c} + {d}) ({t_cnt})", f"{t_pct}|{L}|cf<orig F", (100 * c / (c + d),) * 2,
-                       inputs=cids[2:], blame_inputs=False)
-            book.check(gp, "Δ M-F cf> = % cf>orig (M) - % cf>orig (F)", f"{t_pct}|{L}|delta cf>",
-                       lin((1, book.iv(f"{t_pct}|{L}|cf>orig M")), (-1, book.iv(f"{t_pct}|{L}|cf>orig F"))),
-                       inputs=[f"{t_pct}|{L}|cf>orig M", f"{t_pct}|{L}|cf>orig F"])
-            book.check(gp, "Δ M-F cf< = % cf<orig (M) - % cf<orig (F) as printed", f"{t_pct}|{L}|delta cf<",
-                       lin((1, book.iv(f"{t_pct}|{L}|cf<orig M")), (-1, book.iv(f"{t_pct}|{L}|cf<orig F"))),
-                       inputs=[f"{t_pct}|{L}|cf<orig M", f"{t_pct}|{L}|cf<orig F"])
-            exact = 100 * a / (a + b) - 100 * c / (c + d)
-            book.check(gp, f"Δ M-F cf< from the counts of {t_cnt}", f"{t_pct}|{L}|delta cf<", (exact, exact),
-                       inputs=cids, blame_inputs=False)
+        for L, row in cnt.items():
+            total["M"] += row[0] + row[1]; total["F"] += row[2] + row[3]
+            count_ids.setdefault(ds, []).extend(_appendix_level(book, t_pct, t_cnt, L, row, pct[L]))
         for s, d in (("M", "M_to_F"), ("F", "F_to_M")):
             nid = f"s3.3|{ds}|n_{d}"
             book.num(nid, "Section 3.3", f"{ds} originally {'male' if s == 'M' else 'female'} records", str(DIRECTION_COUNTS[ds][d]))
@@ -267,7 +269,11 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
                     [f"{t_pct}|{L}|cf>orig {s}" for L in cnt] + [i for i in count_ids[ds] if i.endswith(f" {s}")])
             book.check(f"Table 3 {col} vs Appendix C", f"{m} = level-weighted {t_pct}/{t_cnt} ({'counts' if 'down' in m else 'percentages'})",
                        f"T3|{col}|{m}|estimate", iv, inputs=used, blame_inputs=False)
-    # ---- prose
+
+
+# %% ../nbs/07a_reconciliation.ipynb #4783d400
+def _prose_checks(book: _Book) -> None:
+    "Register the numbers quoted in the prose (section 3.3, Discussion) and check them against Table 3 and each other."
     for k, v in PROSE.items():
         if isinstance(v, tuple):
             for part, txt in zip(("estimate", "ci_low", "ci_high"), v):
@@ -275,22 +281,18 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
         else:
             book.num(f"prose|{k}", "Prose", k, v)
     T = lambda col, m, part="estimate": f"T3|{col}|{m}|{part}"
+    skew = lambda col: lin((1, book.iv(T(col, "DTS_M_to_F"))), (-1, book.iv(T(col, "DTS_F_to_M"))))
     for ds, key in (("bordeaux", "s3.3 female variant skew, Bordeaux (pp)"), ("mimic", "s3.3 female variant skew, MIMIC-IV (pp)")):
-        col = f"{ds}_full"
-        book.check("Prose vs Table 3", "female skew = DTS_M_to_F - DTS_F_to_M", f"prose|{key}",
-                   lin((1, book.iv(T(col, "DTS_M_to_F"))), (-1, book.iv(T(col, "DTS_F_to_M")))),
-                   inputs=[T(col, "DTS_M_to_F"), T(col, "DTS_F_to_M")])
-    book.check("Prose vs Table 3", "Discussion's DTS_M|F (= DTS_F_to_M) equals Table 3's", "prose|Discussion DTS_M|F (%)",
-               book.iv(T("bordeaux_full", "DTS_F_to_M")), inputs=[T("bordeaux_full", "DTS_F_to_M")])
-    book.check("Prose vs Table 3", "Discussion's DTS_F|M (= DTS_M_to_F) equals Table 3's", "prose|Discussion DTS_F|M (%)",
-               book.iv(T("bordeaux_full", "DTS_M_to_F")), inputs=[T("bordeaux_full", "DTS_M_to_F")])
+        book.check("Prose vs Table 3", "female skew = DTS_M_to_F - DTS_F_to_M", f"prose|{key}", skew(f"{ds}_full"),
+                   inputs=[T(f"{ds}_full", "DTS_M_to_F"), T(f"{ds}_full", "DTS_F_to_M")])
+    for text, target, m in (("Discussion's DTS_M|F (= DTS_F_to_M) equals Table 3's", "Discussion DTS_M|F (%)", "DTS_F_to_M"),
+                            ("Discussion's DTS_F|M (= DTS_M_to_F) equals Table 3's", "Discussion DTS_F|M (%)", "DTS_M_to_F")):
+        book.check("Prose vs Table 3", text, f"prose|{target}", book.iv(T("bordeaux_full", m)), inputs=[T("bordeaux_full", m)])
     book.check("Prose vs Table 3", "Discussion's skew = DTS_M_to_F - DTS_F_to_M", "prose|Discussion skew (%)",
-               lin((1, book.iv(T("bordeaux_full", "DTS_M_to_F"))), (-1, book.iv(T("bordeaux_full", "DTS_F_to_M")))),
-               inputs=[T("bordeaux_full", "DTS_M_to_F"), T("bordeaux_full", "DTS_F_to_M")])
-    book.check("Prose vs Table 3", "NMDF range low end = Table 3 NMDF (Bordeaux full)", "prose|Discussion NMDF range, low",
-               book.iv(T("bordeaux_full", "NMDF")), inputs=[T("bordeaux_full", "NMDF")])
-    book.check("Prose vs Table 3", "NMDF range high end = Table 3 NMDF (MIMIC-IV full)", "prose|Discussion NMDF range, high",
-               book.iv(T("mimic_full", "NMDF")), inputs=[T("mimic_full", "NMDF")])
+               skew("bordeaux_full"), inputs=[T("bordeaux_full", "DTS_M_to_F"), T("bordeaux_full", "DTS_F_to_M")])
+    for end, ds, name in (("low", "bordeaux", "Bordeaux"), ("high", "mimic", "MIMIC-IV")):
+        book.check("Prose vs Table 3", f"NMDF range {end} end = Table 3 NMDF ({name} full)", f"prose|Discussion NMDF range, {end}",
+                   book.iv(T(f"{ds}_full", "NMDF")), inputs=[T(f"{ds}_full", "NMDF")])
     wm = _w("mimic")
     book.check("Prose vs Table 3", "NMDF range high end = w_MF DTS_M_to_F - w_FM DTS_F_to_M (MIMIC-IV, if every change is one level)",
                "prose|Discussion NMDF range, high",
@@ -299,10 +301,9 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
     for country in ("France", "United States"):
         v, s, k = (book.iv(f"prose|Discussion visits {country}"), book.iv("prose|Discussion female share (%)"),
                    book.iv("prose|Discussion skew (%)"))
-        lo = v[0] * s[0] / 100 * k[0] / 100
-        hi = v[1] * s[1] / 100 * k[1] / 100
         book.check("Discussion impact", f"impact = visits × female share × skew ({country})", f"prose|Discussion impact {country}",
-                   (lo, hi), inputs=[f"prose|Discussion visits {country}", "prose|Discussion female share (%)", "prose|Discussion skew (%)"])
+                   (v[0] * s[0] / 100 * k[0] / 100, v[1] * s[1] / 100 * k[1] / 100),
+                   inputs=[f"prose|Discussion visits {country}", "prose|Discussion female share (%)", "prose|Discussion skew (%)"])
     for sign, m in (("-", "NATS_down"), ("+", "NATS_up")):
         for part in ("estimate", "ci_low", "ci_high"):
             book.check("Prose vs Table 3", f"Figure 4 prose NATS({sign}) of the FT model = Table 3 Bordeaux full ({part})",
@@ -311,9 +312,19 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
     book.check("Prose", "FT-FS difference of NATS(-) = |-1.12 - (-1.00)|", "prose|s3.3 Figure 4 NATS(-) FT-FS difference (pp)",
                lin((-1, book.iv("prose|s3.3 Figure 4 NATS(-) FT (%)|estimate")), (1, book.iv("prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"))),
                inputs=["prose|s3.3 Figure 4 NATS(-) FT (%)|estimate", "prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"])
+
+
+# %% ../nbs/07a_reconciliation.ipynb #45db1e6a
+def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
+    "Register every published number and run every check. Returns (numbers, checks) as DataFrames."
+    book = _Book()
+    _table3_checks(book)
+    _appendix_checks(book)
+    _prose_checks(book)
     numbers = pd.DataFrame(list(book.numbers.values()))
     checks = pd.DataFrame([{**c.__dict__, "implied_low": c.implied[0], "implied_high": c.implied[1]} for c in book.checks]).drop(columns="implied")
     return numbers, checks
+
 
 # %% ../nbs/07a_reconciliation.ipynb #d19faebe
 VERDICTS = ("reproduced", "contradicted", "contradicted if every change is one level", "not checkable")
