@@ -358,6 +358,22 @@ def _train_epoch(model, opt, sched, seqs, pos, label_ids, pad_id, batch_size, gr
     return dict(train_loss=loss_sum / max(n_seen, 1), seconds=secs, train_tokens=tokens,
                 tokens_per_s=tokens / secs if secs > 0 else float("nan"))
 
+# %% ../nbs/04_emulator.ipynb #93940e5b
+def _restore(ck: Path, model, opt, sched) -> tuple[list[dict], int, int, float, int, bool]:
+    "Load checkpoint `ck` into `model`, `opt`, `sched` and the RNGs: (history, next epoch, best epoch, best score, epochs without gain, finished)."
+    import torch
+    from safetensors.torch import load_file
+    state = json.loads((ck / "state.json").read_text())
+    _load_trainable(model, load_file(ck / "trainable.safetensors"))
+    ts = torch.load(ck / "trainer_state.pt", weights_only=True)
+    opt.load_state_dict(ts["optimizer"]); sched.load_state_dict(ts["scheduler"]); torch.set_rng_state(ts["torch_rng"])
+    if ts.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ts["cuda_rng"])
+    # state.json holds its keys sorted: a resumed fine-tune returns its history in a fresh run's column order
+    history = [{k: r[k] for k in HISTORY_KEYS} for r in state["history"]]
+    return history, state["epoch"] + 1, state["best_epoch"], state["best_val"], state["bad_epochs"], state["finished"]
+
+
 # %% ../nbs/04_emulator.ipynb #fa806543
 def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int], out_dir: str | Path,
                    epochs: int = 5, batch_size: int = 8, grad_accum: int = 1, lr: float = 2e-4, weight_decay: float = 0.0,
@@ -397,21 +413,13 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
     steps_per_epoch = math.ceil(math.ceil(len(tr_seqs) / batch_size) / grad_accum)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     sched = get_linear_schedule_with_warmup(opt, int(warmup_frac * steps_per_epoch * epochs), steps_per_epoch * epochs)
-    history, start, best_epoch, best_val, bad_epochs, finished = [], 1, 0, float("inf"), 0, False
     ck = _find_checkpoint(ck_root, config, resume)
     if ck is not None:
-        state = json.loads((ck / "state.json").read_text())
-        _load_trainable(model, load_file(ck / "trainable.safetensors"))
-        ts = torch.load(ck / "trainer_state.pt", weights_only=True)
-        opt.load_state_dict(ts["optimizer"]); sched.load_state_dict(ts["scheduler"]); torch.set_rng_state(ts["torch_rng"])
-        if ts.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ts["cuda_rng"])
-        # state.json holds its keys sorted: a resumed fine-tune returns its history in a fresh run's column order
-        history = [{k: r[k] for k in HISTORY_KEYS} for r in state["history"]]
-        best_epoch, best_val, bad_epochs, finished = state["best_epoch"], state["best_val"], state["bad_epochs"], state["finished"]
-        start = state["epoch"] + 1
-    elif ck_root.exists() and (accelerator is None or accelerator.is_main_process):
-        shutil.rmtree(ck_root)
+        history, start, best_epoch, best_val, bad_epochs, finished = _restore(ck, model, opt, sched)
+    else:
+        history, start, best_epoch, best_val, bad_epochs, finished = [], 1, 0, float("inf"), 0, False
+        if ck_root.exists() and (accelerator is None or accelerator.is_main_process):
+            shutil.rmtree(ck_root)
     main = accelerator is None or accelerator.is_main_process
     if accelerator is not None:
         accelerator.wait_for_everyone()
