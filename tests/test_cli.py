@@ -86,9 +86,9 @@ def test_swap_text_cli(tmp_path):
 def test_set_overrides_are_yaml_values():
     from triage_cf.chain import parse_overrides
     assert parse_overrides(["ft_num_processes=2", "ft_eval_views=[full, tab_iso]", "ft_train_n=null", "ft_base_url=",
-                            "fs_profile=default", "ft_lr=1.0e-3"]) == {
+                            "fs_profile=default", "ft_lr=1.0e-3", "ft_weight_decay=1e-2", "ft_model='1e5'"]) == {
         "ft_num_processes": 2, "ft_eval_views": ["full", "tab_iso"], "ft_train_n": None, "ft_base_url": None,
-        "fs_profile": "default", "ft_lr": 1e-3}
+        "fs_profile": "default", "ft_lr": 1e-3, "ft_weight_decay": 0.01, "ft_model": "1e5"}   # YAML 1.2 floats; quoted: str
     for bad in ("ft_num_processes", "=2", "two words=1", "x=[unclosed"):
         with pytest.raises(ValueError, match="--set"):
             parse_overrides([bad])

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .core import (CHAIN_ENV, RunPaths, atomic_write_text, load_params, repo_root, run_dir_for, seed_everything, sha256_file,
-                   sha256_text, write_json)
+from .core import (CHAIN_ENV, RunPaths, atomic_write_text, load_params, read_yaml, repo_root, run_dir_for, seed_everything,
+                   sha256_file, sha256_text, write_json)
 from .governance import (RenderBlocked, install_display_policy, policy_for_dataset, policy_for_run, publish_notebook,
                          sanitize_message)
 
@@ -105,8 +105,8 @@ def _notebook_parameters(path: Path) -> set[str]:
 
 
 def parse_overrides(items: list[str] | None) -> dict:
-    """Parameters from the command line's `--set KEY=VALUE` (VALUE read as YAML: `--set ft_num_processes=2`,
-    `--set ft_eval_views=[full]`, `--set ft_train_n=null`); a malformed item raises ValueError naming it."""
+    """Parameters from the command line's `--set KEY=VALUE` (VALUE read as YAML 1.2, as params files: `--set ft_num_processes=2`,
+    `--set ft_lr=1e-3`, `--set ft_eval_views=[full]`, `--set ft_train_n=null`); a malformed item raises ValueError naming it."""
     import yaml
     out: dict = {}
     for item in items or []:
@@ -114,7 +114,7 @@ def parse_overrides(items: list[str] | None) -> dict:
         if not sep or not key.strip() or not key.strip().isidentifier():
             raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY a parameter name, e.g. --set ft_num_processes=2")
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+            out[key.strip()] = read_yaml(value) if value.strip() else None
         except yaml.YAMLError as exc:
             raise ValueError(f"--set {item!r}: VALUE is not valid YAML ({exc.__class__.__name__})") from None
     return out

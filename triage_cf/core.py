@@ -28,9 +28,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # %% auto #0
 __all__ = ['TEXT_COLUMNS', 'VIEWS', 'ACCESS_LEVELS', 'AGGREGATE_ONLY', 'MIN_CELL', 'PRIMARY', 'COMPLEMENTARY', 'CHAIN_ENV',
-           'repo_root', 'data_root', 'manifest_dir', 'read_manifest', 'deep_merge', 'load_params', 'RunPaths',
-           'runs_root', 'run_dir_for', 'AccessPolicy', 'policy_for_dataset', 'policy_for_run', 'count_columns',
-           'suppress_small_cells', 'sha256_file', 'sha256_text', 'file_sha256', 'atomic_write_bytes',
+           'repo_root', 'data_root', 'manifest_dir', 'read_yaml', 'read_manifest', 'deep_merge', 'load_params',
+           'RunPaths', 'runs_root', 'run_dir_for', 'AccessPolicy', 'policy_for_dataset', 'policy_for_run',
+           'count_columns', 'suppress_small_cells', 'sha256_file', 'sha256_text', 'file_sha256', 'atomic_write_bytes',
            'atomic_write_text', 'write_json', 'write_parquet', 'read_parquet', 'write_table', 'read_table',
            'save_figure', 'seed_everything', 'in_chain']
 
@@ -59,6 +59,18 @@ def manifest_dir() -> Path:
 TEXT_COLUMNS: list[str] = ["cc_text", "hpi", "pmh", "note"]
 VIEWS: tuple[str, ...] = ("full", "text_iso", "tab_iso")
 
+# %% ../nbs/00_core.ipynb #4b086172
+class _Yaml12Loader(yaml.SafeLoader):
+    "PyYAML's safe loader, with YAML 1.2's floats: `1e-3`, `+2E5` (exponent without a decimal point) are floats."
+
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+def read_yaml(stream) -> Any:
+    "The YAML document in `stream` (text or an open file), numbers read as YAML 1.2 reads them; only plain data (safe)."
+    return yaml.load(stream, Loader=_Yaml12Loader)
+
+
 # %% ../nbs/00_core.ipynb #5de468ed
 ACCESS_LEVELS = ("open", "credentialed", "restricted")
 
@@ -71,7 +83,7 @@ def read_manifest(name: str | Path) -> dict:
         known = sorted(q.stem for q in p.parent.glob("*.yaml"))
         raise FileNotFoundError(f"no manifest {p} for dataset {name!r}; known datasets: {known}")
     with open(p, encoding="utf-8") as f:
-        m = yaml.safe_load(f) or {}
+        m = read_yaml(f) or {}
     if not isinstance(m, dict):
         raise ValueError(f"{p}: a manifest is a mapping of keys, got {type(m).__name__}")
     return m
@@ -86,7 +98,7 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
 
 def _read_yaml(path: Path) -> dict:
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f) or {}
+        return read_yaml(f) or {}
 
 def load_params(dataset: str, profile: str = "smoke", params_dir: Path | None = None) -> dict:
     "Merged parameters of `dataset` under `profile` (see above); always holds `dataset` and `profile`."

@@ -16,13 +16,12 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats
 from scipy.special import logsumexp
 from statsmodels.stats.multitest import multipletests
 
 from .cohort import load_terms, term_hits
-from .core import sha256_text
+from .core import sha256_text, read_yaml
 
 # %% auto #0
 __all__ = ['RESOURCE_DIR', 'VITAL_FIELDS', 'FLOW_COLUMNS', 'VARIANTS', 'BASELINE', 'LABELLED', 'CLINICAL_COLUMNS',
@@ -55,7 +54,7 @@ def load_resource(name: str | Path) -> Resource:
             raise FileNotFoundError(f"margins resource {str(name)!r} is neither a file nor in triage_cf/resources/{RESOURCE_DIR}/")
         text = res.read_text(encoding="utf-8")
     if p.suffix in (".yaml", ".yml"):
-        content = yaml.safe_load(text) or {}
+        content = read_yaml(text) or {}
     elif p.suffix == ".tsv":
         content = pd.read_csv(io.StringIO(text), sep="\t", comment="#", dtype=str, keep_default_na=False)
     else:

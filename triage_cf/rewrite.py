@@ -16,7 +16,8 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
-import yaml
+
+from .core import read_yaml
 
 # %% auto #0
 __all__ = ['LANGS', 'SEXES', 'METHODS', 'Lexicon', 'load_lexicon', 'Tok', 'tokenize', 'sex_specific_terms', 'sex_specific_forms',
@@ -112,7 +113,7 @@ def load_lexicon(lang: str) -> Lexicon:
         raise ValueError(f"{tsv}: {len(bad)} malformed row(s) (need 4 tab-separated fields, direction both|to_f|to_m): {bad[:3]}")
     ypath = _resource_path(f"gender_context_{lang}.yaml")
     with open(ypath, encoding="utf-8") as f:
-        raw = yaml.safe_load(f) or {}
+        raw = read_yaml(f) or {}
     bad = {k: [w for w in v if not isinstance(w, str)] for k, v in raw.items()}
     bad = {k: v for k, v in bad.items() if v}
     if bad:
@@ -809,7 +810,7 @@ def sex_specific_forms(lang: str) -> tuple[dict, tuple]:
     `triage_cf/resources/sex_specific_forms_<lang>.yaml`; every term of `sex_specific_terms(lang)` must have forms."""
     path = _resource_path(f"sex_specific_forms_{lang}.yaml")
     with open(path, encoding="utf-8") as f:
-        raw = yaml.safe_load(f) or {}
+        raw = read_yaml(f) or {}
     forms = {_norm(str(k)): tuple(_norm(str(w)) for w in (v or ())) for k, v in (raw.get("forms") or {}).items()}
     missing = [t for t in sex_specific_terms(lang) if not forms.get(t)]
     if missing:

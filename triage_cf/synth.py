@@ -13,9 +13,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
-import yaml
 
-from .core import VIEWS
+from .core import VIEWS, read_yaml
 
 # %% auto #0
 __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES', 'CUTPOINTS', 'LEVELS', 'LANG_OFFSET',
@@ -28,7 +27,7 @@ __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES
 def _resource(name: str):
     "A phrase or template table of the generator, read from `triage_cf/resources/synth/<name>.yaml`."
     with (resources.files("triage_cf") / "resources" / "synth" / f"{name}.yaml").open(encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return read_yaml(f)
 
 # %% ../nbs/01a_synth.ipynb #8ccfaabd
 _CLASSES = _resource("complaint_classes")   # complaint_classes.yaml: one row per class

@@ -15,9 +15,8 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-import yaml
 
-from .core import sha256_file, write_table
+from .core import sha256_file, write_table, read_yaml
 from .llm import make_client, tiny_causal_lm, tiny_tokenizer
 
 # %% auto #0
@@ -42,7 +41,7 @@ def resource_sha256(*names: str) -> dict[str, str]:
 def load_prompts(path: str | None = None) -> dict:
     "The prompt file (`resources/tbias/prompts.yaml` unless `path`)."
     with open(path or RESOURCE_DIR / "prompts.yaml", encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return read_yaml(f)
 
 # %% ../nbs/03a_tbias_words.ipynb #e47ebd90
 def load_words(path: str | Path | None = None) -> pd.DataFrame:
