@@ -119,3 +119,25 @@ def test_corrupt_prediction_chunk_is_recomputed_never_read(runs, tmp_path):
     assert sha256_file(bad) == good  # recomputed, the same bytes
     assert {c: (c.stat().st_ino, c.stat().st_mtime_ns) for c in others} == others  # the intact chunks were reused
     sr.assert_same_artifacts(out, runs[0])
+
+
+def test_baselines_score_the_views_the_emulator_scored(runs, tmp_path):
+    """04b scores the Table 2 test records in the views that 04 scored them in (`ft_eval_views`, read from
+    test_FT.parquet): with the FT's test predictions cut to the full view (the `default` profile's setting), FS, RF and
+    MLP write the full view only, the same rows as when all three views were scored, and Table 2 is the same file."""
+    import pandas as pd
+    from triage_cf.chain import reproduce
+    from triage_cf.core import VIEWS, write_parquet
+    src, out = runs[0], tmp_path / "run"
+    shutil.copytree(src, out)
+    pred = out / "data" / "predictions"
+    ft = pd.read_parquet(pred / "test_FT.parquet")
+    assert set(ft["view"]) == set(VIEWS)
+    write_parquet(ft[ft["view"] == "full"].reset_index(drop=True), pred / "test_FT.parquet")
+    reproduce(sr.DATASET, sr.PROFILE, out=out, stages=["04b_baselines"], force=True, quiet=True)
+    for m in ("FS", "RF", "MLP"):
+        old, new = pd.read_parquet(src / "data" / "predictions" / f"test_{m}.parquet"), pd.read_parquet(pred / f"test_{m}.parquet")
+        assert set(old["view"]) == set(VIEWS) and set(new["view"]) == {"full"}, m
+        pd.testing.assert_frame_equal(new, old[old["view"] == "full"].reset_index(drop=True), obj=m)
+    table2 = "tables/table2_performance.csv"
+    assert sha256_file(out / table2) == sha256_file(src / table2)

@@ -291,9 +291,10 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
     # FS: the measured time of the small (overhead-bound) FS, or its FLOPs where those take longer (the paper's size)
     fs_time = lambda measured, flop_s: n_fs * (flop_s if gpu is not None else max(measured, flop_s) * slow)
     if stage == "04b_baselines":
-        rate, n, test_texts = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"], wl["ft_eval"] * VIEWS_PER_RECORD
+        rate, n = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"]
+        test_texts = wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD)   # 04b scores the views 04 scored
         fit = n * ((1 + twins.get("RF", 0)) * rate["RF"] + rate["MLP_fit"] + twins.get("MLP", 0) * rate["MLP_null"] * slow)
-        mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in every view
+        mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in the FT's views
         return light + fit + mlp + fs_time(rate["FS"] * n, _fs_seconds(wl, n, test_texts, gpu))
     if stage == "06_predict":
         texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
