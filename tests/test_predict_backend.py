@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
-from triage_cf.chain import reproduce
+from triage_cf.chain import StageFailed, reproduce
 from triage_cf.core import VIEWS, read_parquet
 from triage_cf.data import load_manifest
 from triage_cf.emulator import render_prompts
@@ -23,7 +24,7 @@ STAGES = ["01_data", "02_cohort", "03_split", "04_emulator", "05_counterfactuals
 def test_pairs_scored_on_a_server(tmp_path):
     from transformers import AutoTokenizer
     run = tmp_path / "run"
-    with FakeOpenAI() as srv:
+    with FakeOpenAI(model=str(run / "data" / "models" / "ft_merged")) as srv:   # vllm serve names a model by its folder
         res = reproduce("synth-en", "smoke", out=run, quiet=True, stages=STAGES,
                         overrides={"ft_backend": "openai", "ft_base_url": srv.url, "null_control": False,
                                    "ft_max_pairs": 12})
@@ -50,3 +51,28 @@ def test_pairs_scored_on_a_server(tmp_path):
     assert requests > 0   # batched: several prompts per request (the probabilities above are the server's, not a local model's)
     out = (run / "notebooks" / "06_predict.ipynb").read_text()
     assert "views x 2 sides) on openai" in out
+
+
+def test_the_emulator_server_is_checked_before_scoring(tmp_path):
+    """With `ft_backend: openai` on a fresh run folder, 04_emulator trains, exports `ft_merged` and stops, with the command
+    that serves it, when no server answers or the server serves another model; once the export is served under its name,
+    the rerun scores the test records without training again."""
+    run = tmp_path / "run"
+    merged = run / "data" / "models" / "ft_merged"
+    stages, base = STAGES[:4], {"ft_backend": "openai", "null_control": False}
+    with pytest.raises(StageFailed, match="no server answers") as down:
+        reproduce("synth-en", "smoke", out=run, quiet=True, stages=stages,
+                  overrides={**base, "ft_base_url": "http://127.0.0.1:9/v1"})   # port 9: nothing listens
+    assert f"vllm serve {merged}" in str(down.value)
+    assert (merged / "emulator.json").is_file() and list(merged.glob("*.safetensors"))
+    work = run / "data" / "models" / "ft_work"
+    trained = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file()}
+    assert any(p.name == "trainable.safetensors" for p in trained)
+    with FakeOpenAI(model="the-base-model") as srv:
+        with pytest.raises(StageFailed, match="serves \\['the-base-model'\\], not"):
+            reproduce("synth-en", "smoke", out=run, quiet=True, stages=stages, overrides={**base, "ft_base_url": srv.url})
+    with FakeOpenAI(model=str(merged)) as srv:
+        res = reproduce("synth-en", "smoke", out=run, quiet=True, stages=stages, overrides={**base, "ft_base_url": srv.url})
+        assert res[-1].status == "ran" and sum(srv.answered.values()) > 0
+    assert {p: p.stat().st_mtime_ns for p in trained} == trained   # the fine-tune was not redone
+    assert len(read_parquet(run / "data" / "predictions" / "test_FT.parquet")) > 0

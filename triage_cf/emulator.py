@@ -508,6 +508,19 @@ def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_
         raise ValueError(f"{path}: the tokenizer's label tokens differ from the recorded ones")
     return model.eval(), tok, meta
 
+# %% ../nbs/04_emulator.ipynb #d6ae5ae4
+def _check_served(client, merged: Path) -> None:
+    "Refuse a server that does not answer, or does not serve `client.model`, saying how to serve the merged emulator."
+    how = (f"serve the merged emulator exported at {merged} under that name (e.g. `vllm serve {merged} --max-logprobs 20`) "
+           "and run the stage again: the fine-tune is checkpointed, so the stage goes straight to scoring")
+    try:
+        ids = client.served_models()
+    except ConnectionError as e:
+        raise RuntimeError(f"{e}; {how}") from None
+    if client.model not in ids:
+        raise RuntimeError(f"the server at {client.base_url} serves {ids}, not {client.model!r}; {how}")
+
+
 # %% ../nbs/04_emulator.ipynb #46015bb6
 def export_merged(emulator_dir: str | Path, dest: str | Path, **load_kw) -> Path:
     "The emulator with its LoRA adapter merged into the base, as a plain model folder (what vLLM and servers load)."
@@ -532,7 +545,10 @@ def emulator_client(emulator_dir: str | Path, levels: Sequence[int], backend: st
     `vllm serve MERGED_DIR --tensor-parallel-size 4`, given by `base_url=` and `served_model=`, default the folder)."""
     merged = Path(merged_dir) if merged_dir else Path(emulator_dir).with_name(Path(emulator_dir).name + "_merged")
     if backend == "openai":
-        return make_client("openai", model=served_model or str(merged), levels=levels, **client_kw)
+        export_merged(emulator_dir, merged)   # what the server must serve: a first run exports it, then stops below
+        client = make_client("openai", model=served_model or str(merged), levels=levels, **client_kw)
+        _check_served(client, merged)
+        return client
     return make_client(backend, model=export_merged(emulator_dir, merged), levels=levels, **client_kw)
 
 # %% ../nbs/04_emulator.ipynb #9f9e4c9d

@@ -1088,6 +1088,20 @@ def _openai_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
 
 OpenAIClient.label_probs = _openai_label_probs
 
+# %% ../nbs/00b_llm.ipynb #75508e05
+def _openai_served_models(self) -> list[str]:
+    "Ids of the models the server lists (`GET /models`); ConnectionError naming the URL when no server answers."
+    sdk = openai.OpenAI(base_url=self.base_url, api_key=self._api_key, timeout=min(self.timeout, 10.0), max_retries=1)
+    try:
+        return [m.id for m in sdk.models.list()]
+    except (openai.APIConnectionError, openai.APITimeoutError) as e:
+        raise ConnectionError(f"no server answers at {self.base_url} ({type(e).__name__})") from None
+    finally:
+        sdk.close()
+
+OpenAIClient.served_models = _openai_served_models
+
+
 # %% ../nbs/00b_llm.ipynb #b005183e
 class VLLMClient(LLMClient):
     "vLLM's offline engine (optional, GPU); vllm is imported here only."
