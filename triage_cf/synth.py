@@ -618,8 +618,11 @@ def _notes(lang: str, d: dict, size: int) -> tuple[list, list, list]:
 
 
 # %% ../nbs/01a_synth.ipynb #2f7dd3cd
-def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list) -> dict:
-    "What the first `size` records hold once each visit's missing field is blanked (en: no GCS, temperature through Fahrenheit)."
+_CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)), "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
+
+def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list, cc_free: list) -> dict:
+    """What the first `size` records hold once each visit's missing field is blanked (en: no GCS, temperature through
+    Fahrenheit); the complaint as the source writes it (`cc_label`; en: `cc_text`, the free-text complaint)."""
     sl, m = slice(0, size), d["miss"][:size]
     mf, mv = d["miss_field"][sl], d["miss_vital"][sl]
     vit = {k: d[s][sl].astype(float).copy() for k, s in dict(hr="hr", rr="rr", sbp="sbp", dbp="dbp", spo2="spo2",
@@ -633,6 +636,9 @@ def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list) -> 
         vit[k][m & (mf == "vital") & (mv == k)] = np.nan
     for i in np.flatnonzero(m & (mf == "text")):
         r["text_main"][i] = r["text_main_other"][i] = None
+    r["cc_label"] = np.array([None if c is None else _CC_LABEL[lang][c] for c in r["cc"]], dtype=object)
+    r["cc_text"] = (np.array([None if c is None else f for c, f in zip(r["cc"], cc_free)], dtype=object)
+                    if lang == "en" else r["cc_label"])
     if lang == "en":
         vit["gcs"][:] = np.nan
         r["tempf"] = np.round(vit["temp_c"] * 9 / 5 + 32, 1)
@@ -688,10 +694,7 @@ def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFr
     d = _draws(lang, seed, b, kn)
     hour, when = _arrival(lang, d["u"], kn)
     notes, notes_other, cc_free = _notes(lang, d, size)
-    r = _recorded(lang, d, size, notes, notes_other)
-    r["cc_label"] = np.array([None if c is None else _CC_LABEL[lang][c] for c in r["cc"]], dtype=object)
-    r["cc_text"] = (np.array([None if c is None else f for c, f in zip(r["cc"], cc_free)], dtype=object)
-                    if lang == "en" else r["cc_label"])
+    r = _recorded(lang, d, size, notes, notes_other, cc_free)
     canon = pd.DataFrame(dict(sex=r["sex"], age=r["age"], **{k: r["vit"][k] for k in _VITALS}, cc_code=r["cc"]))
     if lang == "fr":
         canon["hpi"], canon["pmh"] = r["text_main"], [x[1] for x in notes]
@@ -712,8 +715,6 @@ def _block(lang: str, seed: int, b: int, size: int, kn: dict) -> tuple[pd.DataFr
 
 
 # %% ../nbs/01a_synth.ipynb #3f87276f
-_CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)), "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
-
 def _generate(lang: str, n_records: int, seed: int, knobs: Mapping) -> tuple[pd.DataFrame, pd.DataFrame]:
     kn = _knobs(lang, knobs)
     if not isinstance(n_records, (int, np.integer)) or n_records < 1:
