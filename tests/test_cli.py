@@ -59,6 +59,44 @@ def test_metrics_fitness_verdict(tmp_path):
     assert set(pd.read_csv(tmp_path / "fit" / "table7_or_by_level.csv").fit_for_audit) == {True}
 
 
+def _scored_pairs(rng, s, y, male_up):
+    "A model's predictions of fixed pairs: random one-level changes, plus `male_up` of male originals moved up a level."
+    yc = np.clip(y + rng.choice([-1, 0, 0, 0, 0, 0, 1], len(y)) + (s == "M") * (rng.random(len(y)) < male_up), 1, 5)
+    return pd.DataFrame({"pair_id": np.arange(len(y)), "orig_sex": s, "pred_orig": y, "pred_cf": yc, "condition": "full"})
+
+
+def test_metrics_null_emulators(tmp_path):
+    """`--null FILE` (repeatable) and a `null_id` column: the permutation test over null emulators decides findings;
+    a planted skew is found, a model with nothing planted is not, a null file that misses pairs is refused by name."""
+    rng = np.random.default_rng(3)
+    s, y = rng.choice(["F", "M"], 1200), rng.integers(1, 6, 1200)
+    nulls = [tmp_path / f"null{k}.csv" for k in range(6)]
+    for f in nulls:
+        _scored_pairs(rng, s, y, 0.0).to_csv(f, index=False)
+    kappa = ["--kappa-w", "0.50", "0.41", "0.58", "--n-boot", "100"]
+    for name, male_up in (("biased", 0.3), ("fair", 0.0)):
+        _scored_pairs(rng, s, y, male_up).to_csv(tmp_path / f"{name}.csv", index=False)
+        p = _run("metrics", "--pairs", str(tmp_path / f"{name}.csv"), "--out", str(tmp_path / name), *kappa,
+                 *[a for f in nulls for a in ("--null", str(f))])
+        assert p.returncode == 0, p.stderr
+    biased = pd.read_csv(tmp_path / "biased" / "null_test.csv").set_index(["condition", "metric"])
+    assert biased.loc[("full", "female_skew"), "check"] == "primary" and biased.loc[("full", "female_skew"), "finding"]
+    assert biased.loc[("full", "female_skew"), "n_null"] == 6 and biased.loc[("full", "female_skew"), "p"] < 0.01
+    assert not pd.read_csv(tmp_path / "fair" / "null_test.csv").finding.any()
+    assert len(pd.read_csv(tmp_path / "fair" / "null_emulators.csv")) == 6 * 11
+    # the same null emulators as rows of the pairs CSV (null_id column): the same test, byte for byte
+    both = pd.concat([pd.read_csv(tmp_path / "biased.csv").assign(null_id="")] +
+                     [pd.read_csv(f).assign(null_id=f.stem) for f in nulls])
+    both.to_csv(tmp_path / "both.csv", index=False)
+    p = _run("metrics", "--pairs", str(tmp_path / "both.csv"), "--out", str(tmp_path / "both"), *kappa)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "both" / "null_test.csv").read_bytes() == (tmp_path / "biased" / "null_test.csv").read_bytes()
+    pd.read_csv(nulls[0]).iloc[5:].to_csv(tmp_path / "short.csv", index=False)
+    p = _run("metrics", "--pairs", str(tmp_path / "fair.csv"), "--out", str(tmp_path / "o"), "--null", str(nulls[1]),
+             "--null", str(tmp_path / "short.csv"))
+    assert p.returncode == 2 and "null emulator 'short'" in p.stderr and "5 pair_id(s)" in p.stderr
+
+
 def test_metrics_bad_input_is_a_clear_error(tmp_path):
     (tmp_path / "bad.csv").write_text("pair_id,orig_sex,pred_orig,condition\n1,F,3,full\n")
     p = _run("metrics", "--pairs", str(tmp_path / "bad.csv"), "--out", str(tmp_path / "o"))

@@ -53,7 +53,7 @@ def _cmd_metrics(args) -> int:
         written = metrics_from_csv(args.pairs, args.out, n_boot=args.n_boot, seed=args.seed, ci_method=args.ci,
                                    kappa_w=tuple(args.kappa_w) if args.kappa_w else None,
                                    baseline_kappa=args.baseline_kappa, kappa_floor=args.kappa_floor,
-                                   baseline_margin=args.baseline_margin)
+                                   baseline_margin=args.baseline_margin, null_csvs=args.null or (), alpha=args.alpha)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the CI's lower end must exceed this (default 0.20: above slight agreement; the level prior's kappa_w is 0)")
     m.add_argument("--baseline-margin", type=float, default=0.10,
                    help="'clearly worse' than the baseline: the CI's upper end more than this below it (default 0.10)")
+    m.add_argument("--null", action="append", metavar="FILE", default=None,
+                   help="a null emulator's predictions of the same pairs (same columns; repeatable; a null_id column "
+                        "holds several): adds null_test.csv, the permutation test and its finding flag, and null_emulators.csv")
+    m.add_argument("--alpha", type=float, default=0.05, help="level of the permutation test (default 0.05)")
     m.set_defaults(func=_cmd_metrics)
     w = sub.add_parser("swap-text", help="rewrite a note for the other sex with the counterfactual function g")
     w.add_argument("text", nargs="*", help="the text to rewrite (or use --file)")

@@ -5,26 +5,31 @@
 # %% ../nbs/07_metrics.ipynb #6b6648aa
 from __future__ import annotations
 
+import warnings
 import zlib
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 from scipy.special import ndtr, ndtri
 from sklearn.metrics import cohen_kappa_score
+from statsmodels.stats.multitest import multipletests
 
 from .core import VIEWS, atomic_write_text
 
 # %% auto #0
 __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'TABLE3_COLUMNS',
            'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'NATIONAL_ED_VISITS',
-           'PRETRAINING_METRICS', 'NULL_COLUMNS', 'SIGNED_METRICS', 'HEADLINE_METRICS', 'pdr', 'p_up', 'p_down', 'dts',
-           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs',
-           'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict', 'fitness_table', 'add_fitness',
-           'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level', 'impact_table',
-           'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison', 'add_null_columns',
-           'null_false_positive', 'figure3_forest', 'figure4_audited_models', 'read_pairs_csv', 'metrics_from_csv']
+           'PRETRAINING_METRICS', 'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK',
+           'PERMUTATION_COLUMNS', 'HEADLINE_METRICS', 'pdr', 'p_up', 'p_down', 'dts', 'nats_up', 'nats_down', 'nmdf',
+           'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs', 'table3', 'format_table3',
+           'kappa_w_ci', 'fitness_verdict', 'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2',
+           'or_table_from_counts', 'or_by_level', 'impact_table', 'paired_comparison', 'pretraining_comparison',
+           'exceeds_null', 'null_comparison', 'add_null_columns', 'null_false_positive', 'mde', 'null_test',
+           'training_ci', 'permutation_test', 'figure3_forest', 'figure4_audited_models', 'read_pairs_csv',
+           'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
 
 # %% ../nbs/07_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -583,6 +588,167 @@ def null_false_positive(null_t3: pd.DataFrame) -> pd.DataFrame:
     out["false_positive_rate"] = out["n_ci_excludes_0"] / out["n_metrics"].where(out["n_metrics"] > 0)
     return out
 
+# %% ../nbs/07_metrics.ipynb #20bc21c2
+#: The checks of the audit's test: five headline metrics in each view. PDR cannot be negative, so only more
+#: reaction to the sex than the null emulators is evidence (one-sided); the signed metrics are two-sided.
+TESTED_METRICS = ("female_skew", "PDR", "NMDF", "NATS_up", "NATS_down")
+#: The pre-declared primary check of every model (the paper's headline), tested at alpha without adjustment.
+PRIMARY_CHECK = ("full", "female_skew")
+
+def _alternative(metric: str) -> str:
+    return "greater" if metric == "PDR" else "two-sided"
+
+# %% ../nbs/07_metrics.ipynb #941dee4f
+def mde(null_sd: float, n_null: int, n_real: int = 1, alpha: float = 0.05, power: float = 0.8,
+        alternative: str = "two-sided") -> float:
+    """Minimum detectable effect of `null_test`: $\\mathrm{MDE} = (t_{1-\\alpha/2,K-1} + t_{\\pi,K-1})\\,
+    s\\,\\sqrt{1/R + 1/K}$ (with $t_{1-\\alpha,K-1}$ one-sided), $s$ the null emulators' spread, $K$ their number,
+    $R$ the real trainings, $\\pi$ the power."""
+    if n_null < 2 or not np.isfinite(null_sd):
+        return np.nan
+    df = n_null - 1
+    crit = stats.t.ppf(1 - alpha / 2 if alternative == "two-sided" else 1 - alpha, df)
+    return float((crit + stats.t.ppf(power, df)) * null_sd * np.sqrt(1 / n_real + 1 / n_null))
+
+# %% ../nbs/07_metrics.ipynb #dd6a7047
+def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, power: float = 0.8) -> dict:
+    """Test one metric of an emulator against the same metric of $K$ null emulators (trained by the same procedure on
+    sex-permuted records, scoring the same pairs). `real`: the estimates of $R \\ge 1$ trainings. Under no bias the
+    real trainings are exchangeable with the null ones, so $t = (\\bar\\theta - \\bar\\theta_0) / (s_0\\sqrt{1/R + 1/K})$
+    follows Student's t with $K-1$ df (a prediction-interval test); `p_perm` is the exact rank p-value (R = 1)."""
+    real = np.asarray(real, dtype=float); real = real[np.isfinite(real)]
+    null = np.asarray(null, dtype=float); null = null[np.isfinite(null)]
+    R, K = len(real), len(null)
+    out = dict(estimate=real.mean() if R else np.nan, n_real=R, n_null=K, null_median=np.nan, null_q025=np.nan,
+               null_q975=np.nan, null_mean=np.nan, null_sd=np.nan, effect=np.nan, t=np.nan, p=np.nan,
+               p_perm=np.nan, p_method="", mde=np.nan)
+    if R == 0 or K < 2:
+        out["p_method"] = f"untested: {R} real and {K} null estimate(s) defined (need 1 and 2)"
+        return out
+    m, s = null.mean(), null.std(ddof=1)
+    out.update(null_median=np.median(null), null_q025=np.quantile(null, 0.025), null_q975=np.quantile(null, 0.975),
+               null_mean=m, null_sd=s, effect=out["estimate"] - m,
+               mde=mde(s, K, R, alpha, power, alternative) if s > 0 else np.nan)
+    if R == 1:
+        ge, le = (1 + (null >= real[0]).sum()) / (K + 1), (1 + (null <= real[0]).sum()) / (K + 1)
+        out["p_perm"] = ge if alternative == "greater" else min(1.0, 2 * min(ge, le))
+    if s > 0:
+        t = out["effect"] / (s * np.sqrt(1 / R + 1 / K))
+        sf = stats.t.sf(t if alternative == "greater" else abs(t), K - 1)
+        out.update(t=t, p=sf if alternative == "greater" else 2 * sf, p_method=f"predictive t, {K - 1} df")
+    elif R == 1:
+        out.update(p=out["p_perm"], p_method="exact permutation rank (the null emulators agree exactly)")
+    else:
+        out["p_method"] = "untested: the null emulators agree exactly and R > 1"
+    return out
+
+# %% ../nbs/07_metrics.ipynb #ab9fdc94
+def training_ci(real, se_pairs, null_sd: float, confidence: float = 0.95) -> tuple[float, float]:
+    """CI of the mean of $R$ trainings that holds training noise and pair sampling: $\\bar\\theta \\pm z\\sqrt{\\overline{
+    se^2} + s_{train}^2/R}$, with $s_{train}$ the trainings' spread for $R \\ge 2$ and the null emulators' spread for
+    $R = 1$ (one training cannot show its own noise; the null emulators are the same procedure on other records)."""
+    real = np.asarray(real, dtype=float); se = np.asarray(se_pairs, dtype=float)
+    ok = np.isfinite(real) & np.isfinite(se)
+    real, se = real[ok], se[ok]
+    if len(real) == 0:
+        return np.nan, np.nan
+    s_train = real.std(ddof=1) if len(real) >= 2 else null_sd
+    if not np.isfinite(s_train):
+        return np.nan, np.nan
+    half = ndtri(0.5 + confidence / 2) * np.sqrt((se ** 2).mean() + s_train ** 2 / len(real))
+    return float(real.mean() - half), float(real.mean() + half)
+
+# %% ../nbs/07_metrics.ipynb #157f3324
+def _set_estimates(g: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    "Point metrics (`METRICS` order) of one pair set and their bootstrap standard errors over pairs."
+    is_male = (g.orig_sex == "M").to_numpy()
+    diff = (g.pred_cf.to_numpy(np.int64) - g.pred_orig.to_numpy(np.int64))[:, None]
+    obs, boot, _, _ = _resampled_sums(is_male, diff, n_boot, rng)
+    b = _metrics_from_sums(boot[0])
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        se = np.nanstd(b, axis=0, ddof=1) if len(b) > 1 else np.full(b.shape[1], np.nan)
+    return _metrics_from_sums(obs[0]), se
+
+# %% ../nbs/07_metrics.ipynb #881fdb9e
+def _replicates(df: pd.DataFrame, col: str, source: str) -> dict[str, pd.DataFrame]:
+    "Split a pair table by `col` (a training seed or null emulator id) and validate each part."
+    if col not in df.columns:
+        return {"0": validate_pairs(df, source)}
+    ids = df[col].astype("string").str.strip()
+    if (ids.isna() | (ids == "")).any():
+        raise ValueError(f"{source}: column {col!r} has {int((ids.isna() | (ids == '')).sum())} empty value(s)")
+    return {k: validate_pairs(g.drop(columns=col), f"{source} ({col} {k})") for k, g in df.groupby(ids, sort=True)}
+
+# %% ../nbs/07_metrics.ipynb #ed84ae01
+def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) -> tuple[list, list]:
+    "Per-set estimates of the real trainings and the null emulators, after checking they score the same pairs."
+    est, keys = [], None
+    for kind, sets in (("real", real), ("null", nulls)):
+        for sid, p in sets.items():
+            for (model, cond), g in p.groupby(["model", "condition"], sort=False):
+                if kind == "null":
+                    ref = keys.get((model, cond))
+                    if ref is None:
+                        raise ValueError(f"{source}: null emulator {sid!r} scores model {model!r} / condition {cond!r}, "
+                                         "which no real training scores")
+                    miss = len(ref ^ set(g.pair_id))
+                    if miss:
+                        raise ValueError(f"{source}: null emulator {sid!r} ({model}, {cond}) does not score the real "
+                                         f"model's pairs: {miss} pair_id(s) in one and not the other")
+                theta, se = _set_estimates(g, n_boot if kind == "real" else 1, _group_rng(seed, kind, sid, model, cond))
+                est.append(dict(kind=kind, sid=sid, model=model, condition=cond, n_pairs=len(g),
+                                **{m: theta[METRICS.index(m)] for m in METRICS},
+                                **{f"se_{m}": se[METRICS.index(m)] for m in METRICS}))
+        if kind == "real":
+            keys = {k: set(g.pair_id) for p in real.values() for k, g in p.groupby(["model", "condition"], sort=False)}
+    return est
+
+# %% ../nbs/07_metrics.ipynb #83873172
+def _decide(t: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """q-values (Benjamini-Hochberg over each model's secondary checks; the primary check's q is its p),
+    `significant`, and `finding` = fit for audit and significant with a nonzero effect (NA without a verdict)."""
+    t = t.copy()
+    t["q"] = np.where(t.check == "primary", t.p, np.nan)
+    for model in t.model.unique():
+        sec = (t.model == model) & (t.check == "secondary") & t.p.notna()
+        if sec.any():
+            t.loc[sec, "q"] = multipletests(t.loc[sec, "p"].to_numpy(float), alpha=alpha, method="fdr_bh")[1]
+    t["significant"] = pd.array(np.where(t.q.notna(), t.q < alpha, pd.NA), dtype="boolean")
+    fit = t.fit_for_audit.astype("boolean")
+    t["fit_for_audit"] = fit
+    t["finding"] = (fit & t.significant & (t.effect != 0)).astype("boolean")
+    t["remark"] = np.select([t.p.isna(), fit.isna(), ~fit.fillna(True)],
+                            [t.p_method, "no fitness verdict: finding undecided", "not fit for audit: no finding"], "")
+    return t
+
+# %% ../nbs/07_metrics.ipynb #d11795da
+PERMUTATION_COLUMNS = ["model", "condition", "metric", "check", "estimate", "ci_low", "ci_high", "n_pairs", "n_real",
+                       "n_null", "null_median", "null_q025", "null_q975", "null_sd", "effect", "p", "p_perm", "p_method",
+                       "q", "significant", "fit_for_audit", "finding", "mde", "remark"]
+
+
+def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.DataFrame | None = None,
+                     alpha: float = 0.05, power: float = 0.8, n_boot: int = 1000, seed: int = 0,
+                     confidence: float = 0.95, source: str = "pairs") -> pd.DataFrame:
+    """The audit's test (see above) for every model, condition and `TESTED_METRICS`: `pairs` of the real emulator
+    (a `replicate` column for R > 1 trainings), `null_pairs` of its null emulators (a `null_id` column; `model` names
+    the real model each belongs to). `fitness` (`fitness_table`) adds `fit_for_audit` and the `finding` flag."""
+    est = pd.DataFrame(_null_metrics(_replicates(pairs, "replicate", source),
+                                     _replicates(null_pairs, "null_id", f"{source} (null emulators)"), n_boot, seed, source))
+    fit = {} if fitness is None else dict(zip(fitness.model, fitness.fit_for_audit))
+    rows = []
+    for (model, cond), g in est.groupby(["model", "condition"], sort=False):
+        r, n = g[g.kind == "real"], g[g.kind == "null"]
+        for m in TESTED_METRICS:
+            t = null_test(r[m], n[m], _alternative(m), alpha, power)
+            lo, hi = training_ci(r[m], r[f"se_{m}"], t["null_sd"], confidence)
+            rows.append(dict(model=model, condition=cond, metric=m,
+                             check="primary" if (cond, m) == PRIMARY_CHECK else "secondary", ci_low=lo, ci_high=hi,
+                             n_pairs=int(r.n_pairs.iloc[0]), fit_for_audit=fit.get(model, pd.NA),
+                             **{k: v for k, v in t.items() if k in PERMUTATION_COLUMNS}))
+    return _decide(pd.DataFrame(rows), alpha)[PERMUTATION_COLUMNS]
+
 # %% ../nbs/07_metrics.ipynb #85819207
 _CONDITION_COLORS = {"full": "#1f77b4", "text_iso": "#ff7f0e", "tab_iso": "#2ca02c"}
 
@@ -660,35 +826,83 @@ def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: I
     fig.tight_layout()
     return fig
 
-# %% ../nbs/07_metrics.ipynb #2b0c529b
-def read_pairs_csv(pairs_csv: str | Path) -> pd.DataFrame:
-    "Read and validate a pair CSV (see `validate_pairs`); errors name the file."
-    path = Path(pairs_csv)
+# %% ../nbs/07_metrics.ipynb #47ad7492
+def _read_csv_text(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such pairs file")
     try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: empty file (no header, 0 data rows)") from None
-    return validate_pairs(raw, source=str(path))
 
+def read_pairs_csv(pairs_csv: str | Path) -> pd.DataFrame:
+    "Read and validate a pair CSV (see `validate_pairs`); errors name the file."
+    return validate_pairs(_read_csv_text(pairs_csv), source=str(pairs_csv))
+
+# %% ../nbs/07_metrics.ipynb #54ea6234
+def read_null_pairs(pairs_csv: str | Path, null_csvs: Iterable[str | Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The real rows of a pair CSV and its null emulators' rows: those of the CSV whose `null_id` is set, and every
+    `null_csvs` file (one null emulator per file, named by its stem, unless the file has a `null_id` column).
+    Each part is validated on its own; errors name the file and the null emulator."""
+    raw, parts = _read_csv_text(pairs_csv), []
+    if "null_id" in raw.columns:
+        is_null = raw["null_id"].str.strip() != ""
+        parts.append((str(pairs_csv), raw[is_null]))
+        raw = raw[~is_null].drop(columns="null_id")
+    for f in null_csvs:
+        n = _read_csv_text(f)
+        parts.append((str(f), n if "null_id" in n.columns else n.assign(null_id=Path(f).stem)))
+    seen: dict[str, str] = {}
+    for src, n in parts:
+        for k in _replicates(n, "null_id", src):
+            if k in seen:
+                raise ValueError(f"{src}: null emulator {k!r} is also in {seen[k]}: give each null emulator its own null_id")
+            seen[k] = src
+    nulls = pd.concat([n for _, n in parts if len(n)], ignore_index=True) if any(len(n) for _, n in parts) else None
+    return raw, nulls
+
+# %% ../nbs/07_metrics.ipynb #5a25e348
+def null_emulator_metrics(null_pairs: pd.DataFrame, source: str = "null emulators") -> pd.DataFrame:
+    "Every metric of every null emulator (column `null_id`) per model and condition: the null distribution itself."
+    rows = []
+    for sid, p in _replicates(null_pairs, "null_id", source).items():
+        for (model, cond), g in p.groupby(["model", "condition"], sort=False):
+            theta, _ = _set_estimates(g, 1, np.random.default_rng(0))
+            rows += [dict(null_id=sid, model=model, condition=cond, metric=m, estimate=theta[j], n_pairs=len(g))
+                     for j, m in enumerate(METRICS)]
+    return pd.DataFrame(rows)
+
+# %% ../nbs/07_metrics.ipynb #dd724a34
 def _write_csv(df: pd.DataFrame, path: Path) -> Path:
     return atomic_write_text(path, df.to_csv(index=False, lineterminator="\n"))
 
+def _table3_replicates(pairs: pd.DataFrame, source: str, **kw) -> pd.DataFrame:
+    "`table3` of a pair table, one per training (`replicate` column) where there are several."
+    if "replicate" not in pairs.columns:
+        return table3(validate_pairs(pairs, source), **kw)
+    return pd.concat([table3(p, **kw).assign(replicate=k) for k, p in _replicates(pairs, "replicate", source).items()],
+                     ignore_index=True)
+
+# %% ../nbs/07_metrics.ipynb #2b0c529b
 def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1000, seed: int = 0,
                      ci_method: str = "percentile", kappa_w: tuple[float, float, float] | None = None,
                      baseline_kappa: float | None = None, kappa_floor: float = 0.20,
-                     baseline_margin: float = 0.10) -> dict[str, Path]:
+                     baseline_margin: float = 0.10, null_csvs: Iterable[str | Path] = (),
+                     alpha: float = 0.05) -> dict[str, Path]:
     """Compute every metric with CIs from a pair CSV into `out_dir`; returns the written paths by name
     (`metrics`, and `table6`, `table7` when the CSV has `true_level`). `kappa_w` = (kappa, low, high) of the model on
-    its test records adds the fitness verdict (`fitness_verdict`) to every table."""
-    pairs = read_pairs_csv(pairs_csv)
+    its test records adds the fitness verdict (`fitness_verdict`) to every table. Null emulators (rows with a
+    `null_id`, or `null_csvs`) add `null_test` (`permutation_test`) and `null_emulators` (`null_emulator_metrics`)."""
+    real, nulls = read_null_pairs(pairs_csv, null_csvs)
     out = Path(out_dir)
-    tables = {"metrics": table3(pairs, n_boot=n_boot, seed=seed, ci_method=ci_method)}
-    if "true_level" in pairs.columns:
+    tables = {"metrics": _table3_replicates(real, str(pairs_csv), n_boot=n_boot, seed=seed, ci_method=ci_method)}
+    pairs = None if "replicate" in real.columns else validate_pairs(real, str(pairs_csv))   # Tables 6-7: one training
+    if pairs is not None and "true_level" in pairs.columns:
         tables["table6"], tables["table7"] = discordance_by_level(pairs), or_by_level(pairs)
+    verdict = None
     if kappa_w is not None:
-        models = pairs.model.unique().tolist()
+        models = tables["metrics"].model.unique().tolist()
         if len(models) != 1:
             raise ValueError(f"{pairs_csv}: {len(models)} models in column 'model' ({models[:3]}); a test kappa_w "
                              "applies to one model: pass one model's pairs")
@@ -696,5 +910,10 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
                                    kappa_floor, baseline_margin)
         verdict = pd.DataFrame({"model": models, "fit_for_audit": [fit], "fitness_reason": [why]})
         tables = {k: add_fitness(t, verdict) for k, t in tables.items()}
-    names = {"metrics": "metrics.csv", "table6": "table6_discordance_by_level.csv", "table7": "table7_or_by_level.csv"}
+    if nulls is not None:
+        tables["null_test"] = permutation_test(real, nulls, verdict, alpha=alpha, n_boot=n_boot, seed=seed,
+                                               source=str(pairs_csv))
+        tables["null_emulators"] = null_emulator_metrics(nulls)
+    names = {"metrics": "metrics.csv", "table6": "table6_discordance_by_level.csv", "table7": "table7_or_by_level.csv",
+             "null_test": "null_test.csv", "null_emulators": "null_emulators.csv"}
     return {k: _write_csv(t, out / names[k]) for k, t in tables.items()}
