@@ -24,8 +24,9 @@ __all__ = ['ADVICE', 'VIEW_WORDS', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T
            'banner', 'section', 'fitness_verdicts', 'verdict', 'fmt_kappa', 'fitness_sentence', 'view_sentence',
            'metric_cell', 'summary_frame', 'false_positive_sentence', 'summary_section', 'merge_ci', 'generic_block',
            'figure_of', 'pair', 'section_cohort', 'section_performance', 'metric_label', 'table3_wide', 'unfit_banner',
-           'section_bias', 'level_frame', 'section_levels', 'section_pretraining', 'section_impact', 'figure_caption',
-           'instrument_caveats', 'section_instrument', 'section_appendix', 'section_parameters', 'build_report']
+           'null_test_frame', 'section_bias', 'level_frame', 'section_levels', 'section_pretraining', 'section_impact',
+           'figure_caption', 'instrument_caveats', 'section_instrument', 'section_appendix', 'section_parameters',
+           'build_report']
 
 # %% ../nbs/09_report.ipynb #c3a223ee
 def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = None) -> pd.DataFrame:
@@ -633,6 +634,27 @@ def unfit_banner(fit: pd.DataFrame, models=None) -> str:
     return banner(f"Greyed: not fit for audit: {why}. Their numbers are shown for completeness; they are not findings, and "
                   f"a zero there means uninformative, not unbiased. {ADVICE}")
 
+# %% ../nbs/09_report.ipynb #c7072699
+def null_test_frame(pt: pd.DataFrame) -> pd.DataFrame:
+    "tables/null_test.csv for the report: estimate with its CI, the null distribution, p, q, the decision and the MDE."
+    def f(x, pct):
+        v = num(x)
+        return "–" if np.isnan(v) else (f"{100 * v:.1f}" if pct else f"{v:.3f}")
+    pct = [str(m) != "NMDF" for m in pt.metric]
+    dec = ["finding" if as_bool(x, "tables/null_test, column finding") else
+           ("undecided (no fitness verdict)" if as_bool(x) is None and as_bool(s) else "no finding")
+           for x, s in zip(pt.finding, pt.significant)]
+    return pd.DataFrame({
+        "model · view": [f"{m} · {VIEW_WORDS.get(c, (c,))[0]}" for m, c in zip(pt.model, pt.condition)],
+        "metric (points; NMDF: levels)": [f"{m} ({c})" for m, c in zip(pt.metric, pt.check)],
+        "estimate [95% CI]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]" for e, a, b, p in zip(pt.estimate, pt.ci_low, pt.ci_high, pct)],
+        "null median [95% range]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]"
+                                    for e, a, b, p in zip(pt.null_median, pt.null_q025, pt.null_q975, pct)],
+        "p": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.p],
+        "q": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.q],
+        "decision": dec,
+        "MDE": [f(x, p) for x, p in zip(pt.mde, pct)]})
+
 # %% ../nbs/09_report.ipynb #8695c1d5
 def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
     "Section 3.3: Table 3 (wide) with Figure 3, then the null control's own metrics and false-positive rate."
@@ -662,6 +684,15 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
         parts.append(table_block(render_frame(fp), rt.label("Table"), "Empirical false-positive rate of the null twins: "
                                  "share of their metric CIs that exclude 0.", "tables/null_false_positive.csv",
                                  note=html.escape(false_positive_sentence(fp))))
+    pt = rt.take_table("null_test")
+    if pt is not None and len(pt):
+        k = ", ".join(f"{m}: K = {compact(g.n_null.map(num).max())}" for m, g in pt.groupby("model", sort=False))
+        parts.append(table_block(render_frame(null_test_frame(pt)), rt.label("Table"),
+                                 "The audit's test: each headline metric against the same metric of null emulators (the "
+                                 "same training on sex-permuted records, scoring the same pairs). Primary check: the female "
+                                 "skew in the full view at α = 0.05; the other checks carry Benjamini–Hochberg q-values "
+                                 "within the model. MDE: the smallest effect the test detects with 80% power.",
+                                 "tables/null_test.csv", note=html.escape(f"Null emulators per model: {k}.")))
     parts.append(generic_block(rt, "null_control_permutation", "How the null twins' training data were made: the sex "
                                "permuted within strata, its association with the triage level before and after."))
     parts.append(generic_block(rt, "null_baselines", "The null twins' own cross-validated kappa_w."))
