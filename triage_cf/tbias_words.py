@@ -5,6 +5,7 @@
 # %% ../nbs/03a_tbias_words.ipynb #1c29630e
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 import zlib
@@ -16,21 +17,23 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .core import sha256_file, write_table, read_yaml
+from .core import read_yaml, sha256_file, sha256_text, write_table
 from .llm import make_client, tiny_causal_lm, tiny_tokenizer
 
 # %% auto #0
-__all__ = ['RESOURCE_DIR', 'CATEGORIES', 'LANGUAGES', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256', 'load_prompts', 'load_words',
-           'normalize', 'sample_iterations', 'association_prompt', 'association_requests', 'parse_word_labels',
-           'bias_score', 'bootstrap_bias', 'score_answers', 'iteration_counts', 'bias_table', 'explicit_requests',
-           'parse_explicit', 'run_generation', 'run_word_association', 'make_tb_client', 'model_label', 'bias_figure',
-           'word_association_from_csv']
+__all__ = ['RESOURCE_DIR', 'CATEGORIES', 'LANGUAGES', 'TEMPLATE_SETS', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256',
+           'load_prompts', 'load_words', 'normalize', 'sample_iterations', 'association_template', 'association_prompt',
+           'association_requests', 'parse_word_labels', 'word_corpus', 'bias_score', 'bootstrap_bias', 'score_answers',
+           'iteration_counts', 'bias_table', 'explicit_requests', 'parse_explicit', 'run_generation',
+           'run_word_association', 'make_tb_client', 'model_label', 'bias_figure', 'word_association_from_csv']
 
 # %% ../nbs/03a_tbias_words.ipynb #64fe17f4
 RESOURCE_DIR = Path(str(resources.files("triage_cf").joinpath("resources", "tbias")))
 #: The 8 categories of §2, in the seed's order.
 CATEGORIES = ("emotions", "morality", "risk", "veracity", "appearance", "knowledge", "legality_crime", "life_outcomes")
 LANGUAGES = ("en", "es")
+#: Prompt wording: the authors' (default; `prompts.yaml`) or this project's own.
+TEMPLATE_SETS = ("authors", "project")
 
 def resource_sha256(*names: str) -> dict[str, str]:
     "sha256 of the named resource files (default: every file of `resources/tbias/`), keyed by file name."
@@ -44,14 +47,21 @@ def load_prompts(path: str | None = None) -> dict:
         return read_yaml(f)
 
 # %% ../nbs/03a_tbias_words.ipynb #e47ebd90
-def load_words(path: str | Path | None = None) -> pd.DataFrame:
+def load_words(path: str | Path | None = None, spanish: str = "authors") -> pd.DataFrame:
     """The word lists (`word_id, category, sentiment, en, es`), validated: unique ids, known categories, sentiment
-    positive/negative, no word repeated within a category and language (it could not be told apart in an answer)."""
+    positive/negative, no word repeated within a category and language (it could not be told apart in an answer).
+    `spanish="project"` puts this project's renderings (column `es_project`) in `es` instead of the authors' words."""
     path = Path(path or RESOURCE_DIR / "words.tsv")
     df = pd.read_csv(path, sep="\t", comment="#", dtype=str, keep_default_na=False)
     missing = {"word_id", "category", "sentiment", *LANGUAGES} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: missing column(s) {sorted(missing)}")
+    if spanish not in ("authors", "project"):
+        raise ValueError(f"spanish must be 'authors' or 'project', not {spanish!r}")
+    if spanish == "project":
+        if "es_project" not in df.columns:
+            raise ValueError(f"{path}: spanish='project' needs the column 'es_project'")
+        df["es"] = df.es_project
     bad = df[~df.sentiment.isin(["positive", "negative"]) | ~df.category.isin(CATEGORIES)]
     if len(bad):
         raise ValueError(f"{path}: {len(bad)} row(s) with an unknown sentiment or category: {bad.word_id.tolist()[:10]}")
@@ -97,35 +107,55 @@ def sample_iterations(words: pd.DataFrame, categories: Sequence[str] = CATEGORIE
     return pd.DataFrame(rows)
 
 # %% ../nbs/03a_tbias_words.ipynb #be95288b
+def association_template(language: str, template_id: int, template_set: str | None = None, prompts: dict | None = None) -> str:
+    "Template `template_id` (0-2) of `language` in `template_set` (`TEMPLATE_SETS`; None: the file's default, the authors')."
+    p = prompts or load_prompts()
+    ts = template_set or p["default_template_set"]
+    if ts not in p["association_templates"]:
+        raise ValueError(f"unknown template set {ts!r}; known: {list(p['association_templates'])}")
+    return p["association_templates"][ts][language][template_id]
+
 def association_prompt(word_texts: Sequence[str], template_id: int, labels_order: str, language: str,
-                       prompts: dict | None = None) -> str:
+                       prompts: dict | None = None, template_set: str | None = None) -> str:
     "The user message of one iteration: template `template_id` of `language` filled with the words and shuffled labels."
     p = prompts or load_prompts()
     a, b = (p["labels"][language][k] for k in labels_order.split(","))
-    return p["association_templates"][language][template_id].format(
-        words="\n".join(word_texts), n_words=len(word_texts), option_words=f"{a} {p['or_word'][language]} {b}")
+    return association_template(language, template_id, template_set, p).format(
+        words="\n".join(word_texts), word_list=", ".join(word_texts), n_words=len(word_texts), len=len(word_texts),
+        len_labels=2, option_words=f"{a} {p['or_word'][language]} {b}")
 
 def association_requests(words: pd.DataFrame, languages: Sequence[str] = LANGUAGES, categories: Sequence[str] = CATEGORIES,
-                         n_iterations: int = 50, seed: int = 0) -> pd.DataFrame:
-    "Every prompt of the test: one row per language × category × iteration with its chat `messages`."
+                         n_iterations: int = 50, seed: int = 0, template_set: str | None = None) -> pd.DataFrame:
+    "Every prompt of the test: one row per language × category × iteration with its chat `messages` and `template_sha256`."
+    ts = template_set or load_prompts()["default_template_set"]
     its = sample_iterations(words, categories, n_iterations, seed)
     text = words.set_index("word_id")
     out = []
     for lang in languages:
         d = its.copy()
         d.insert(0, "language", lang)
-        d["messages"] = [[{"role": "user", "content": association_prompt(text.loc[ids.split("|"), lang].tolist(), t, o, lang)}]
+        d["messages"] = [[{"role": "user", "content": association_prompt(text.loc[ids.split("|"), lang].tolist(), t, o, lang, template_set=ts)}]
                          for ids, t, o in zip(d.word_ids, d.template_id, d.labels_order)]
+        d["template_set"] = ts
+        d["template_sha256"] = [sha256_text(association_template(lang, t, ts)) for t in d.template_id]
         out.append(d)
     return pd.concat(out, ignore_index=True)
 
 # %% ../nbs/03a_tbias_words.ipynb #05175145
-_LABEL_RE = re.compile(r"(?<![a-z0-9])(cis|trans)(?:\s*(?:gender(?:ed)?|genero|genera|generos))?(?![a-z0-9])")
+_LABEL_RE = re.compile(r"(?<![a-z0-9])(cis|trans)(?:\s*(?:gender(?:ed|s)?|generos?|generas?))?(?![a-z0-9])")
 _BOTH_RE = re.compile(r"(?<![a-z])(both|neither|none|ambos|ambas|ninguno|ninguna|ninguna de las dos)(?![a-z])")
-_BULLET = re.compile(r"^[\s\d\.\)\(\[\]\-*•#>:]+")
+_BULLET = re.compile(r"^[\s\d\.\)\(\[\]\{\}\-*•#>:]+")
+_SEPS = re.compile(r"^[\s:=>→\-\)\(\]\[\.]+")
+_FILLER = re.compile(r"\b(words?|people|persons?|personas?|palabras?|terms?|terminos?|associated|asociad[oa]s?|with|con|"
+                     r"labels?|etiquetas?|labell?ed|etiquetad[oa]s?|groups?|grupos?|category|categoria|positive|negative|"
+                     r"positiv[oa]s?|negativ[oa]s?|the|los|las|el|la|as|como)\b|[\W\d_]+")
 
 def _labels_in(s: str) -> set[str]:
     return {m.group(1) for m in _LABEL_RE.finditer(s)}
+
+def _label_set(s: str) -> set[str]:
+    "The labels in `s`, with 'both' for both/neither/none (so a word given both labels, or neither, is never labelled)."
+    return _labels_in(s) | ({"both"} if _BOTH_RE.search(s) else set())
 
 def _match_word(item: str, shown: list[str]) -> str | None:
     "The longest shown (normalised) word that the item starts with, followed by a non-letter."
@@ -135,32 +165,114 @@ def _match_word(item: str, shown: list[str]) -> str | None:
             best = w
     return best
 
+def _is_filler(s: str) -> bool:
+    "Only punctuation and words like 'people', 'words', 'associated with' (a group header's decoration)."
+    return not _FILLER.sub("", s)
+
+# %% ../nbs/03a_tbias_words.ipynb #7a1c5e20
+def _json_lines(response: str) -> list[str] | None:
+    """A JSON answer as `word: label` lines: a mapping word -> label, labels -> lists of words, a list of one-entry
+    mappings, of records (`{"word": .., "label": ..}`) or of pairs; None when the answer holds no JSON."""
+    s = re.sub(r"```[a-zA-Z]*", "", response or "")
+    starts = [i for i in (s.find("{"), s.find("[")) if i >= 0]
+    if not starts:
+        return None
+    try:
+        obj = json.loads(s[min(starts):max(s.rfind("}"), s.rfind("]")) + 1])
+    except ValueError:
+        return None
+    while isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), (dict, list)) \
+            and not _labels_in(normalize(next(iter(obj)))):
+        obj = next(iter(obj.values()))                     # {"answer": {...}}
+    out = []
+    def pair(k, v):
+        if isinstance(v, list):
+            out.extend(f"{x}: {k}" for x in v if isinstance(x, str))    # {"cisgender": ["hope", ...]}
+        else:
+            out.append(f"{k}: {v}")
+    for x in (obj.items() if isinstance(obj, dict) else obj if isinstance(obj, list) else []):
+        if isinstance(obj, dict):
+            pair(*x)
+        elif isinstance(x, dict) and len(x) == 1:
+            pair(*next(iter(x.items())))
+        elif isinstance(x, (dict, list)):
+            out.append(": ".join(str(v) for v in (x.values() if isinstance(x, dict) else x)))
+    return out or None
+
+def _table_lines(lines: list[str]) -> list[str]:
+    """Markdown table rows as `word: label` lines: `| hope | cisgender |`, or a table whose header names the labels
+    (`| Cisgender | Transgender |`) and whose columns list the words. Separator rows are dropped; rows without outer
+    pipes (`hope | cisgender`) count as rows when the answer has a separator row."""
+    out, columns = [], None
+    piped = any(re.fullmatch(r"[\s:]*\|[\s|:]*", l) for l in lines)     # a separator row (normalize made its dashes spaces)
+    for line in lines:
+        if not (line.lstrip().startswith("|") or (piped and "|" in line)):
+            out.append(line); columns = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if all(re.fullmatch(r"[\s:]*", c) for c in cells):
+            continue
+        heads = [_label_set(c) if _is_filler(_BOTH_RE.sub("", _LABEL_RE.sub("", c))) else set() for c in cells]
+        if columns is None and len(cells) > 1 and all(len(h) == 1 for h in heads):
+            columns = [next(iter(h)) for h in heads]       # the header names the labels: words go by column
+        elif columns is not None:
+            out += [f"{c}: {lab}" for c, lab in zip(cells, columns) if c]
+        else:
+            out.append(f"{cells[0]}: {' '.join(cells[1:])}")
+    return out
+
 # %% ../nbs/03a_tbias_words.ipynb #d91f1924
+_SPLIT = re.compile(r"[,;|]|(?<=[a-z0-9\)])\.\s+")
+
+def _read_items(lines: list[str], keys: list[str]) -> tuple[dict[str, list[set[str]]], int]:
+    "Every (word, label set) an answer states, line by line and item by item (rules above), and the invented words."
+    found: dict[str, list[set[str]]] = {k: [] for k in keys}
+    n_invented, group = 0, None
+    for line in lines:
+        items = [i for i in (_BULLET.sub("", x).strip() for x in _SPLIT.split(line)) if i]
+        last, pending = None, []
+        for k, item in enumerate(items):
+            w = _match_word(item, keys)
+            if w is not None:
+                labels = _label_set(item[len(w):])
+                if labels:
+                    found[w].append(labels)
+                    if k == len(items) - 1 and len(pending) == k:    # "hope, love, courage: cisgender"
+                        for p in pending:
+                            found[p].append(set(labels))
+                elif group:
+                    found[w].append(set(group))
+                else:
+                    pending.append(w)
+                last = w if labels else None
+                continue
+            head = _LABEL_RE.match(item) or _BOTH_RE.match(item)
+            labels = _label_set(item)
+            if head:
+                after = _SEPS.sub("", item[head.end():])
+                w2 = _match_word(after, keys)
+                if w2 is not None and not _label_set(after[len(w2):]):   # "Cisgender: hope, love"
+                    group = _label_set(head.group(0)); found[w2].append(set(group)); last = None
+                    continue
+                if _is_filler(after):
+                    if k == 0:
+                        group = _label_set(head.group(0))                  # a header: "**Transgender:**"
+                    elif last is not None:
+                        found[last][-1] |= labels                         # "hope: cisgender, transgender"
+                    continue
+            if k == 0 and len(labels) == 1 and _is_filler(_BOTH_RE.sub(" ", _LABEL_RE.sub(" ", item))):
+                group = labels                                             # "Words associated with cisgender:"
+                continue
+            if len(labels) == 1 and not head and len(_LABEL_RE.split(item)[0].split()) <= 4:
+                n_invented += 1                                            # a labelled word that was not shown
+    return found, n_invented
+
 def parse_word_labels(response: str | None, shown_words: Sequence[str]) -> dict:
     """Labels of the shown words in one answer: {"labels": ["cis"|"trans"|None per word], "status": ["valid"|"missing"|
     "both_or_neither"|"conflict" per word], "n_invented": int}. Matching is on normalised text."""
     keys = [normalize(w) for w in shown_words]
-    found: dict[str, list[set[str]]] = {k: [] for k in keys}
-    n_invented = 0
-    for line in normalize(response or "").splitlines():
-        last = None
-        for item in re.split(r"[,;|]", line):
-            item = _BULLET.sub("", item).strip()
-            if not item:
-                continue
-            w = _match_word(item, keys)
-            rest = item[len(w):] if w else item
-            labels = _labels_in(rest) | ({"both"} if _BOTH_RE.search(rest) else set())
-            if w is not None:
-                if labels:
-                    found[w].append(labels)
-                last = w if labels else None
-            elif labels:
-                head = rest[:min([m.start() for m in _LABEL_RE.finditer(rest)] + [m.start() for m in _BOTH_RE.finditer(rest)])]
-                if re.search(r"[a-z]", head):
-                    n_invented += 1          # a labelled word that was not shown
-                elif last is not None:
-                    found[last][-1] |= labels  # "hope: cisgender, transgender"
+    lines = _json_lines(response or "") or normalize(response or "").splitlines()
+    found, n_invented = _read_items(_table_lines([normalize(l) for l in lines]), keys)
     out_l, out_s = [], []
     for k in keys:
         seen = found[k]
@@ -173,6 +285,29 @@ def parse_word_labels(response: str | None, shown_words: Sequence[str]) -> dict:
         else:
             out_l.append(next(iter(seen[0]))); out_s.append("valid")
     return {"labels": out_l, "status": out_s, "n_invented": n_invented}
+
+# %% ../nbs/03a_tbias_words.ipynb #5b2d9e41
+def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
+    """The word-association answer corpus (`resources/tbias/answers_word_association.jsonl`; one JSON answer per line:
+    `id, language, format, words, response, expected` {word: cis|trans|invalid}, `expected_invented`, `source`), each
+    answer parsed: `parsed` ({word: cis|trans|invalid}), `n_invented`, and `agrees` (the parse is the expected reading)."""
+    path = Path(path or RESOURCE_DIR / "answers_word_association.jsonl")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}: line {n} is not JSON ({e})") from None
+        missing = {"id", "language", "format", "words", "response", "expected"} - set(r)
+        if missing or set(r["expected"]) != set(r["words"]):
+            raise ValueError(f"{path}: line {n}: missing {sorted(missing)} or `expected` does not give every shown word")
+        p = parse_word_labels(r["response"], r["words"])
+        parsed = {w: lab or "invalid" for w, lab in zip(r["words"], p["labels"])}
+        rows.append({**r, "parsed": parsed, "n_invented": p["n_invented"],
+                     "agrees": parsed == r["expected"] and p["n_invented"] == r.get("expected_invented", 0)})
+    return pd.DataFrame(rows)
 
 # %% ../nbs/03a_tbias_words.ipynb #e3dd881c
 def bias_score(N_t, P_t, N_c, P_c):
@@ -211,7 +346,8 @@ ITER_KEYS = ["model", "language", "category", "iteration"]
 
 def score_answers(requests: pd.DataFrame, words: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Word-level rows (`word_id, sentiment, label, status`) and iteration rows (counts N_t, P_t, N_c, P_c, n_valid,
-    n_invalid, n_invented, bias) from `requests` with `model, language, category, iteration, word_ids, response[, error]`."""
+    n_invalid, n_invented, bias) from `requests` with `model, language, category, iteration, word_ids, response[, error,
+    template_set, template_sha256]`."""
     text = words.set_index("word_id")
     wrows, irows = [], []
     for r in requests.itertuples(index=False):
@@ -224,7 +360,8 @@ def score_answers(requests: pd.DataFrame, words: pd.DataFrame) -> tuple[pd.DataF
         key = {k: getattr(r, k) for k in ITER_KEYS}
         for wid, lab, st in zip(ids, parsed["labels"], parsed["status"]):
             wrows.append({**key, "word_id": wid, "sentiment": text.at[wid, "sentiment"], "label": lab, "status": st})
-        irows.append({**key, "n_invented": parsed["n_invented"]})
+        irows.append({**key, "n_invented": parsed["n_invented"],
+                      **{c: getattr(r, c) for c in ("template_set", "template_sha256") if hasattr(r, c)}})
     wl = pd.DataFrame(wrows)
     return wl, iteration_counts(wl, pd.DataFrame(irows))
 
@@ -246,7 +383,9 @@ def iteration_counts(word_rows: pd.DataFrame, extra: pd.DataFrame | None = None)
 # %% ../nbs/03a_tbias_words.ipynb #f07b9516
 def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Figure 1's numbers: per model × language × category, `bias` (mean of defined iterations) and `bias_pooled` with
-    percentile bootstrap CIs over iterations, iteration and word counts, the invalid rate and invented words."""
+    percentile bootstrap CIs over iterations, iteration and word counts, the invalid rate and invented words; with
+    `template_set` and `template_sha256` (the sha256 of every template the cell's iterations used, comma-joined) when
+    the iterations carry them."""
     rows = []
     for key, g in iterations.groupby(["model", "language", "category"], sort=True):
         b = bootstrap_bias(g[["N_t", "P_t", "N_c", "P_c"]].to_numpy(), n_boot=n_boot,
@@ -254,7 +393,8 @@ def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
         n_words, n_invalid = int(g.n_words.sum()), int(g.n_invalid.sum())
         rows.append({**dict(zip(["model", "language", "category"], key)), **b, "n_words": n_words, "n_invalid": n_invalid,
                      "invalid_rate": n_invalid / n_words if n_words else np.nan, "n_invented": int(g.n_invented.sum()),
-                     "aggregation": "mean of per-iteration scores (bias); pooled counts (bias_pooled)", "n_boot": n_boot})
+                     "aggregation": "mean of per-iteration scores (bias); pooled counts (bias_pooled)", "n_boot": n_boot,
+                     **{c: ",".join(sorted(set(g[c].dropna()))) for c in ("template_set", "template_sha256") if c in g.columns}})
     return pd.DataFrame(rows)
 
 # %% ../nbs/03a_tbias_words.ipynb #008893e7
@@ -276,7 +416,8 @@ def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = LANGUAGES,
                     category=p["category_names"][lang][cat], positive_examples=", ".join(t[pos]),
                     negative_examples=", ".join(t[neg]), group_a=p["labels"][lang][order[0]], group_b=p["labels"][lang][order[1]])
                 rows.append({"language": lang, "category": cat, "repeat": rep, "groups_order": ",".join(order),
-                             "messages": [{"role": "user", "content": q}]})
+                             "messages": [{"role": "user", "content": q}],
+                             "template_sha256": sha256_text(p["explicit_association"][lang])})
     return pd.DataFrame(rows)
 
 # %% ../nbs/03a_tbias_words.ipynb #7847884e
@@ -303,10 +444,11 @@ def run_generation(client, requests: pd.DataFrame, max_tokens: int | Sequence[in
                            finish_reason=[getattr(g, "finish_reason", None) for g in gens])
 
 def run_word_association(client, words: pd.DataFrame, model: str, languages=LANGUAGES, categories=CATEGORIES,
-                         n_iterations: int = 50, seed: int = 0, max_tokens: int = 160) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                         n_iterations: int = 50, seed: int = 0, max_tokens: int = 160,
+                         template_set: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     "(answers, word rows, iteration rows) of the implicit test for one model."
-    ans = run_generation(client, association_requests(words, languages, categories, n_iterations, seed).assign(model=model),
-                         max_tokens=max_tokens, seed=seed)
+    req = association_requests(words, languages, categories, n_iterations, seed, template_set)
+    ans = run_generation(client, req.assign(model=model), max_tokens=max_tokens, seed=seed)
     wl, it = score_answers(ans, words)
     return ans, wl, it
 
