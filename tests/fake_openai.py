@@ -6,7 +6,8 @@ attempt of a chosen share of requests), a fixed latency, and requests that hang 
 
 Answers are a deterministic function of the request: by default the model "answers" `{"level": L}` with L and the
 level distribution derived from the sha256 of the last user message, and gives every token with its top alternatives.
-A test can pass its own `responder(body) -> dict(text=..., tokens=[(token, logprob, {alt: logprob})], reasoning_tokens=None)`.
+A test can pass its own `responder(body) -> dict(text=..., tokens=[(token, logprob, {alt: logprob})], reasoning_tokens=None,
+finish_reason="stop")`; reasoning tokens are hidden (not in `tokens`) and counted in `completion_tokens`, as OpenAI does.
 """
 from __future__ import annotations
 
@@ -88,11 +89,12 @@ class FakeOpenAI:
         ans = self.responder(body)
         n_prompt = sum(len(m["content"].split()) for m in body.get("messages", []))
         choice = {"index": 0, "message": {"role": "assistant", "content": ans["text"]},
-                  "finish_reason": "stop"}
+                  "finish_reason": ans.get("finish_reason", "stop")}
         if self.logprobs and body.get("logprobs"):
             choice["logprobs"] = {"content": self._tokens(ans["tokens"], int(body.get("top_logprobs") or 0))}
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": len(ans["tokens"]),
-                 "total_tokens": n_prompt + len(ans["tokens"])}
+        # as OpenAI reports it: completion_tokens counts the hidden reasoning tokens too
+        n_out = len(ans["tokens"]) + (ans.get("reasoning_tokens") or 0)
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
         if ans.get("reasoning_tokens") is not None:
             usage["completion_tokens_details"] = {"reasoning_tokens": ans["reasoning_tokens"]}
         return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": self.model,

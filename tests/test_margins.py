@@ -180,13 +180,20 @@ EXPECTED_TABLES = ["margins_vignette_flow", "margins_vignette_summary", "margins
 EXPECTED_FIGURES = ["margins_delta_m_vs_baseline", "margins_crr_paired", "margins_gap_histogram", "margins_gate_rate"]
 
 
-def test_smoke_chain(tmp_path):
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    "The margins-smoke chain on synth-en, run once for the tests that read it: (run folder, params, stage results)."
     from triage_cf.chain import reproduce
     from triage_cf.core import load_params
     params = load_params("synth-en", "margins-smoke")
-    assert params["stages"] == ["01_data", "02_cohort", "10_vignettes", "11_margins", "09_report"]
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("smoke") / "run"
     res = reproduce("synth-en", "margins-smoke", out=out, quiet=True, progress=False)
+    return out, params, res
+
+
+def test_smoke_chain(smoke_run):
+    out, params, res = smoke_run
+    assert params["stages"] == ["01_data", "02_cohort", "10_vignettes", "11_margins", "09_report"]
     assert [r.status for r in res] == ["ran"] * 5
     vig = pd.read_csv(out / "data" / "vignettes.csv")
     assert list(vig.columns) == ["vignette_id", "subject_id", "variant", "true_level", "chief_complaint", "hr", "rr", "spo2",
@@ -232,3 +239,128 @@ def test_cli_probe_margins_parser():
     assert overrides_from(args) == {"pm_backend": "openai", "pm_model": "m", "pm_base_url": "http://127.0.0.1:8000/v1"}
     with pytest.raises(ValueError, match="--base-url"):
         overrides_from(build_parser().parse_args(["probe-margins", "--dataset", "d", "--out", "x", "--backend", "openai"]))
+
+
+# --- margins computed elsewhere: `triage-cf margins --answers` ---------------------------------------------------------------
+
+ANALYSIS_TABLES = [t for t in EXPECTED_TABLES if t not in ("margins_vignette_flow", "margins_vignette_summary", "margins_experiment")]
+
+
+def test_answers_round_trip_byte_identical(smoke_run, tmp_path):
+    "The stage's own exported answers, analysed by the command, give byte-identical tables and the same DuckDB rows."
+    from triage_cf.cli import main
+    out, params, _ = smoke_run
+    answers = out / "data" / "margins_answers.jsonl"
+    lines = [json.loads(l) for l in answers.read_text(encoding="utf-8").splitlines()]
+    con = duckdb.connect(str(out / "data" / "margins.duckdb"), read_only=True)
+    n_calls = con.execute("SELECT count(*) FROM calls").fetchone()[0]
+    n_no_vitals = con.execute("SELECT count(*) FROM vignette_metrics WHERE outcome = 'no_vitals'").fetchone()[0]
+    stage = {t: con.execute(f"SELECT * EXCLUDE (experiment_id) FROM {t} ORDER BY ALL").df() for t in ("vignette_metrics", "branch_metrics")}
+    con.close()
+    assert len(lines) == n_calls + n_no_vitals and all("text" not in l for l in lines)   # no answer text leaves the run
+    cli = tmp_path / "cli"
+    rc = main(["margins", "--answers", str(answers), "--out", str(cli), "--dataset", "synth-en", "--n-boot", str(params["pm_n_boot"]),
+               "--seed", str(params["seed"]), "--threshold", str(params.get("pm_gate_threshold", 1.0))])
+    assert rc == 0
+    for t in ANALYSIS_TABLES:
+        assert (cli / "tables" / f"{t}.csv").read_bytes() == (out / "tables" / f"{t}.csv").read_bytes(), t
+    for f in EXPECTED_FIGURES:
+        assert (cli / "figures" / f"{f}.png").is_file(), f
+    con = duckdb.connect(str(cli / "data" / "margins.duckdb"), read_only=True)
+    again = {t: con.execute(f"SELECT * EXCLUDE (experiment_id) FROM {t} ORDER BY ALL").df() for t in ("vignette_metrics", "branch_metrics")}
+    assert con.execute("SELECT backend, model FROM experiments").fetchall() == [("answers", "tiny")]
+    con.close()
+    for t in again:
+        pd.testing.assert_frame_equal(again[t], stage[t], check_dtype=False)
+
+
+def _answer_line(**kw):
+    d = {"vignette_id": "v1", "variant": "female", "subject_id": "p1", "true_level": 2, "logprobs": dict(zip("12345", np.log([0.02, 0.9, 0.05, 0.02, 0.01]).tolist()))}
+    d.update(kw)
+    return d
+
+
+@pytest.mark.parametrize("lines,message", [
+    (["not json"], "line 1: not JSON"),
+    ([_answer_line(variant="woman")], "line 1: unknown variant 'woman'"),
+    ([_answer_line(), _answer_line()], "line 2: vignette v1 variant female branch 'pass1' already given on line 1"),
+    ([_answer_line(logprobs={"1": -0.1, "2": -0.2})], "line 1: 'logprobs' must give every level"),
+    ([_answer_line(logprobs={str(l): 0.5 for l in range(1, 6)})], "line 1: 'logprobs' values must be log-probabilities"),
+    ([_answer_line(written_level=9)], "line 1: 'written_level' 9 is not on the scale"),
+    ([_answer_line(output_tokens=40, reasoning_tokens=1200)], "line 1: 1200 reasoning tokens exceed the 40 output tokens"),
+    ([_answer_line(subject_id=None)], "line 1: a pass-1 line needs 'subject_id'"),
+    ([_answer_line(branch="rewrite")], "line 1: unknown branch 'rewrite'"),
+    ([_answer_line(top_logprobs={"2": -0.1})], "line 1: give either 'logprobs' or 'top_logprobs'"),
+    ([_answer_line(output_tokens=-3)], "line 1: field 'output_tokens' must be a non-negative integer"),
+    ([_answer_line()], "vignette v1 (line 1): pass-1 lines for ['female'], need all of"),
+    ([_answer_line(variant=v) for v in VARIANTS] + [_answer_line(branch="corrective")],
+     "line 5: a corrective branch for variant female of vignette v1, whose gate does not fire"),
+])
+def test_answers_malformed_lines_refused(tmp_path, capsys, lines, message):
+    from triage_cf.cli import main
+    f = tmp_path / "answers.jsonl"
+    f.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines), encoding="utf-8")
+    assert main(["margins", "--answers", str(f), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(f) in err, err
+
+
+def test_answers_gate_fired_needs_its_branches(tmp_path, capsys):
+    from triage_cf.cli import main
+    unsure = {"1": math.log(0.01), "2": math.log(0.45), "3": math.log(0.52), "4": math.log(0.01), "5": math.log(0.01)}
+    lines = [_answer_line(variant=v, written_level=3, logprobs=unsure if v == "male" else None,
+                          top_logprobs=None if v == "male" else [{"token": "2", "logprob": -0.01}, {"token": "{", "logprob": -6.0}])
+             for v in VARIANTS]
+    lines += [_answer_line(variant="male", branch=b, written_level=2) for b in ("corrective", "clinical")]
+    f = tmp_path / "answers.jsonl"
+    f.write_text("".join(json.dumps(l) + "\n" for l in lines), encoding="utf-8")
+    assert main(["margins", "--answers", str(f), "--out", str(tmp_path / "o")]) == 2
+    assert "vignette v1 variant male (line 2): the gate fires" in capsys.readouterr().err
+    lines += [_answer_line(variant="male", branch=b, written_level=2) for b in ("parsing", "protocol")]
+    f.write_text("".join(json.dumps(l) + "\n" for l in lines), encoding="utf-8")
+    assert main(["margins", "--answers", str(f), "--out", str(tmp_path / "o")]) == 0
+    con = duckdb.connect(str(tmp_path / "o" / "data" / "margins.duckdb"), read_only=True)
+    vm = con.execute("SELECT variant, delta_m_censored, gate_fired, verdict, crr_reason_corrective FROM vignette_metrics ORDER BY variant").fetchall()
+    con.close()
+    # the baseline's ΔM is a censored bound (only "2" in its top-k): the male CRRs are undefined, the gap's cause named
+    assert ("male", False, True, "censored", "censored_baseline") in vm
+    assert ("omitted", True, False, None, None) in vm
+
+
+# --- TAR with a reasoning answer of known counts, and the reasoning budget, through a server -----------------------------------
+
+def test_tar_reasoning_answer_through_the_server():
+    "1200 hidden reasoning tokens and 40 answer tokens: completion_tokens 1240, TAR 30.0 (K6); reasoning_effort reaches the server."
+    from triage_cf.llm import make_client
+    from triage_cf.margins_probe import measure
+    seen = []
+    def responder(body):
+        seen.append(body.get("reasoning_effort"))
+        toks = [('{"', -0.01, {}), ("ESI", -0.01, {}), ('":', -0.01, {}), (" ", -0.01, {}),
+                ("2", math.log(0.8), {"2": math.log(0.8), "3": math.log(0.15)})] + [(" x", -0.01, {})] * 34 + [("}", -0.01, {})]
+        return dict(text="".join(t for t, _, _ in toks), tokens=toks, reasoning_tokens=1200)
+    with FakeOpenAI(responder=responder) as srv:
+        client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=2, timeout=10, max_retries=0)
+        st = ProbeSettings(ESI, mode="topk", max_tokens=2048, top_logprobs=5, reasoning_effort="high")
+        rec, _, _ = measure(client, ["a patient"], st, '{"esi": ')
+    r = rec[0]
+    assert (r["output_tokens"], r["reasoning_tokens"], r["answer_tokens"], r["tar"]) == (1240, 1200, 40, 30.0)
+    assert r["written_level"] == 2 and r["delta_m"] == pytest.approx(math.log(0.8 / 0.15)) and seen == ["high"]   # "ESI" key: any case
+
+
+def test_tar_reasoning_answer_local_backend():
+    "The local backend counts a `<think>` answer: output tokens include the reasoning, TAR = r / (o - r) by hand count."
+    from triage_cf.llm import LocalClient, tiny_causal_lm, tiny_tokenizer
+    from triage_cf.margins import answer_tokens
+    think, answer = " pulse fast pressure low oxygen low", '{"esi": 2}'
+    tok = tiny_tokenizer([f"<think>{think}</think>{answer}"] * 20, vocab_size=300)
+    client = LocalClient((tiny_causal_lm("llama", tok, seed=0), tok))
+    client._ensure()
+    ids = tok(f"<think>{think}</think>{answer}", add_special_tokens=False)["input_ids"]
+    g = client._finish(ids, None, 512, 7, None, None)
+    r = len(tok(think, add_special_tokens=False)["input_ids"])
+    assert g.output_tokens == len(ids) and g.reasoning_tokens == r > 0
+    assert answer_tokens(g.output_tokens, g.reasoning_tokens) == len(ids) - r
+    assert tar(g.reasoning_tokens, answer_tokens(g.output_tokens, g.reasoning_tokens)) == r / (len(ids) - r)
+    with pytest.raises(Exception, match="reasoning effort"):
+        client.generate([[{"role": "user", "content": "x"}]], max_tokens=2, reasoning_effort="low")

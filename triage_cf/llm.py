@@ -449,21 +449,30 @@ class LLMClient:
 
     def generate(self, conversations: Sequence[Sequence[Mapping]], max_tokens: int | Sequence[int] = 256,
                  temperature: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None,
-                 top_logprobs: int | None = None) -> list[Generation]:
+                 top_logprobs: int | None = None, reasoning_effort: str | None = None) -> list[Generation]:
         "Chat answers for `conversations` (lists of `{'role', 'content'}`), in input order; see `Generation`."
+        if reasoning_effort is not None and self.backend not in ("openai", "scripted"):
+            raise LLMCapabilityError(f"backend {self.backend!r} cannot set a reasoning effort ({reasoning_effort!r}): only servers "
+                                     "that take `reasoning_effort` can; budget a local model's thinking with max_tokens")
         convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
         budgets = [int(max_tokens)] * len(convs) if np.isscalar(max_tokens) else [int(b) for b in max_tokens]
         if len(budgets) != len(convs):
             raise ValueError(f"{len(budgets)} max_tokens for {len(convs)} conversations")
         reqs = [dict(messages=c, max_tokens=b, temperature=float(temperature), seed=int(seed),
                      stop=list(stop) if stop else None, top_logprobs=top_logprobs) for c, b in zip(convs, budgets)]
+        if reasoning_effort is not None:   # only then in the request (earlier cache keys stay valid)
+            for r in reqs:
+                r["reasoning_effort"] = str(reasoning_effort)
         return self._run_cached("generate", reqs, self._generate, Generation.from_json)
 
     def score_continuations(self, conversations: Sequence[Sequence[Mapping]], prefix: str,
                             candidates: Sequence[str]) -> list[Continuations]:
-        "Teacher-forced $\\log p$ of every candidate after the chat template + assistant `prefix`; see `Continuations`."
+        "Teacher-forced $\\log p$ of every candidate after the chat template + assistant `prefix` (one, or one per conversation)."
         convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
-        reqs = [dict(messages=c, prefix=prefix, candidates=[str(x) for x in candidates]) for c in convs]
+        prefixes = [prefix] * len(convs) if isinstance(prefix, str) else list(prefix)
+        if len(prefixes) != len(convs):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(convs)} conversations")
+        reqs = [dict(messages=c, prefix=p, candidates=[str(x) for x in candidates]) for c, p in zip(convs, prefixes)]
         return self._run_cached("score_continuations", reqs, self._score, Continuations.from_json)
 
     def _generate(self, reqs: list[dict], on_done) -> list[Generation]:
@@ -995,6 +1004,8 @@ def _gen_call(self, sdk, r):
         kw["stop"] = r["stop"]
     if r["top_logprobs"]:
         kw.update(logprobs=True, top_logprobs=int(r["top_logprobs"]))
+    if r.get("reasoning_effort"):
+        kw["reasoning_effort"] = r["reasoning_effort"]   # the SDK's own parameter (reasoning models; vLLM, llama.cpp ignore it)
     return sdk.chat.completions.create(**kw)
 
 def _gen_parse(self, r, resp, err=None) -> Generation:

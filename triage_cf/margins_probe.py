@@ -28,25 +28,29 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from .core import sha256_text
-from .llm import LLMCapabilityError
+from .llm import LLMCapabilityError, split_reasoning
 from .margins import (BASELINE, BRANCHES, DISTRACTORS, LABELLED, VARIANTS, VITAL_FIELDS, Templates, answer_key,
-                               answer_prefix, branch_prompt, cluster_bootstrap_mean, complaint_categories, crr, decision_position,
-                               delta_m, gate, gate_reason, level_logprobs_from_top, recovery_class, sycophancy_gap, tar,
-                               triage_error, verdict, wilcoxon_crr, written_level)
+                               answer_prefix, answer_tokens, branch_prompt, cluster_bootstrap_mean, complaint_categories, crr,
+                               decision_position, delta_m, GAP_CAUSES, gap_cause, gate, gate_reason, level_logprobs_from_top, level_offset,
+                               recovery_class, sycophancy_gap, tar, triage_error, verdict, wilcoxon_crr, written_level)
 
 # %% auto #0
-__all__ = ['STORE_SCHEMA', 'ProbeSettings', 'experiment_id', 'read_topk', 'measure', 'JsonLinesSpanExporter', 'make_tracer',
-           'read_spans', 'probe_vignette', 'MarginStore', 'ProbeRun', 'run_probes', 'table_delta_m', 'table_gate',
-           'table_crr', 'table_sycophancy', 'table_accuracy', 'table_tar', 'table_outcomes',
-           'figure_delta_m_vs_baseline', 'figure_crr_paired', 'figure_gap_histogram', 'figure_gate_rate']
+__all__ = ['MODES', 'STORE_SCHEMA', 'KNOWN_OUTCOMES', 'ProbeSettings', 'experiment_id', 'read_topk', 'reasoned_prefix',
+           'call_record', 'measure', 'JsonLinesSpanExporter', 'make_tracer', 'read_spans', 'vignette_rows',
+           'probe_vignette', 'MarginStore', 'ProbeRun', 'run_probes', 'table_delta_m', 'table_gate', 'table_crr',
+           'table_sycophancy', 'table_accuracy', 'table_tar', 'table_outcomes', 'figure_delta_m_vs_baseline',
+           'figure_crr_paired', 'figure_gap_histogram', 'figure_gate_rate', 'write_margin_outputs', 'export_answers',
+           'read_answers', 'answers_vignette', 'analyse_answers']
 
 # %% ../nbs/03d_margins_probe.ipynb #35e37531
+MODES = ("score", "topk", "reason")
+
 @dataclass
 class ProbeSettings:
     "What an experiment fixes besides the model: scale, language, ΔM source and generation settings."
     scale: dict
     lang: str = "en"
-    mode: str = "score"            # score (teacher-forced, local/vLLM) | topk (API top_logprobs)
+    mode: str = "score"            # score (teacher-forced) | topk (API top_logprobs) | reason (think, then score after it)
     gate_threshold: float = 1.0
     min_degradation: float = 0.1
     max_tokens: int = 24
@@ -54,17 +58,19 @@ class ProbeSettings:
     temperature: float = 0.0
     seed: int = 0
     budget: str = "none"           # reasoning-budget tier label (TAR is compared within a tier)
+    reasoning_effort: str | None = None   # sent to servers that take it (openai SDK `reasoning_effort`: low, medium, high)
     @property
     def levels(self) -> list[int]: return [int(x) for x in self.scale["levels"]]
     @property
     def key(self) -> str: return answer_key(self.scale["name"])
     def __post_init__(self):
-        if self.mode not in ("score", "topk"):
-            raise ValueError(f"ProbeSettings.mode must be 'score' or 'topk', got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"ProbeSettings.mode must be one of {MODES}, got {self.mode!r}")
 
 def experiment_id(settings: ProbeSettings, fingerprint: dict, template_sha256: str, categories_sha256: str, vignettes_sha256: str) -> str:
     "16-hex id of an experiment: model fingerprint, settings, template, category table and vignette file."
-    return sha256_text(json.dumps({"settings": asdict(settings), "fingerprint": fingerprint, "template": template_sha256,
+    s = {k: v for k, v in asdict(settings).items() if not (k == "reasoning_effort" and v is None)}   # ids of earlier runs kept
+    return sha256_text(json.dumps({"settings": s, "fingerprint": fingerprint, "template": template_sha256,
                                    "categories": categories_sha256, "vignettes": vignettes_sha256}, sort_keys=True, default=str))[:16]
 
 # %% ../nbs/03d_margins_probe.ipynb #c0047f1c
@@ -83,34 +89,59 @@ def read_topk(gen, st: ProbeSettings) -> tuple[np.ndarray, np.ndarray, str]:
     lp, cen = level_logprobs_from_top(t.top, st.levels, chosen=(t.token, t.logprob))
     return lp, cen, ("level_not_in_topk" if cen.all() else "ok")
 
+def reasoned_prefix(text: str, key: str, prefix: str) -> str | None:
+    "The answer up to its level digit, else its closed reasoning + `prefix`, else `prefix`; None when the reasoning is cut."
+    if "<think>" in text and "</think>" not in text:
+        return None
+    off = level_offset(text, key)
+    if off is not None and (("</think>" not in text) or off > text.index("</think>")):
+        return text[:off]
+    if "</think>" in text:
+        return text[:text.index("</think>") + len("</think>")] + "\n\n" + prefix
+    return prefix
+
+def call_record(lp, cen, levels: Sequence[int], outcome: str, written_level: int | None = None,
+                output_tokens: int | None = None, reasoning_tokens: int | None = None, finish_reason: str | None = None, **extra) -> dict:
+    "One call's record: ΔM and its censoring, the decided level, tokens, TAR and truncation (see above)."
+    lp, cen = np.asarray(lp, float), np.asarray(cen, bool)
+    dm, dmc = delta_m(lp, cen)
+    exact = np.where(np.isnan(lp) | cen, -np.inf, lp)
+    a = answer_tokens(output_tokens, reasoning_tokens)
+    return dict(lp=[float(x) for x in lp], lp_censored=[bool(x) for x in cen], delta_m=dm, delta_m_censored=dmc,
+                written_level=written_level, decided_level=int(levels[int(np.argmax(exact))]) if np.isfinite(exact).any() else None,
+                output_tokens=output_tokens, reasoning_tokens=reasoning_tokens, answer_tokens=a, tar=tar(reasoning_tokens, a),
+                finish_reason=finish_reason, truncated=finish_reason == "length", outcome=outcome, **extra)
+
 def measure(client, prompts: Sequence[str], st: ProbeSettings, prefix: str) -> tuple[list[dict], int, int]:
     "One record per prompt (see above), and the batch's start and end time (ns)."
     convs = [[{"role": "user", "content": p}] for p in prompts]
+    n = len(st.levels)
     t0 = time.time_ns()
     gens = client.generate(convs, max_tokens=st.max_tokens, temperature=st.temperature, seed=st.seed,
-                           top_logprobs=st.top_logprobs if st.mode == "topk" else None)
-    conts = client.score_continuations(convs, prefix=prefix, candidates=[str(l) for l in st.levels]) if st.mode == "score" else None
+                           top_logprobs=st.top_logprobs if st.mode == "topk" else None,
+                           **({"reasoning_effort": st.reasoning_effort} if st.reasoning_effort else {}))
+    pre = ([prefix] * len(convs) if st.mode == "score" else
+           [reasoned_prefix(g.text, st.key, prefix) if g.error is None else None for g in gens] if st.mode == "reason" else [])
+    todo = [i for i, q in enumerate(pre) if q is not None]
+    scored = client.score_continuations([convs[i] for i in todo], prefix if st.mode == "score" else [pre[i] for i in todo],
+                                        [str(l) for l in st.levels]) if todo else []
+    conts = dict(zip(todo, scored))
     t1 = time.time_ns()
     out = []
     for i, (p, g) in enumerate(zip(prompts, gens)):
         wl = written_level(g.text, st.key, st.levels) if g.error is None else None
-        if st.mode == "score":
+        if st.mode in ("score", "reason") and i in conts:
             lp, cen = np.asarray(conts[i].logprobs, float), np.asarray(conts[i].censored, bool)
             outcome = "ok" if wl is not None else "no_level_written"
-        elif g.error is not None:
-            lp, cen, outcome = np.full(len(st.levels), np.nan), np.ones(len(st.levels), bool), "ok"
+        elif st.mode == "reason" or g.error is not None:
+            lp, cen, outcome = np.full(n, np.nan), np.ones(n, bool), "truncated_reasoning" if g.error is None else "ok"
         else:
             lp, cen, outcome = read_topk(g, st)
         if g.error is not None:
             outcome = f"call_error:{g.error}"
-        dm, dmc = delta_m(lp, cen)
-        exact = np.where(np.isnan(lp) | cen, -np.inf, lp)
-        out.append(dict(prompt_sha256=sha256_text(p), lp=[float(x) for x in lp], lp_censored=[bool(x) for x in cen],
-                        delta_m=dm, delta_m_censored=dmc, written_level=wl,
-                        decided_level=int(st.levels[int(np.argmax(exact))]) if np.isfinite(exact).any() else None,
-                        text=g.text, prompt_tokens=g.prompt_tokens, output_tokens=g.output_tokens,
-                        reasoning_tokens=g.reasoning_tokens, tar=tar(g.reasoning_tokens, g.output_tokens),
-                        finish_reason=g.finish_reason, cached=bool(g.cached), error=g.error, outcome=outcome))
+        out.append(call_record(lp, cen, st.levels, outcome, wl, g.output_tokens, g.reasoning_tokens, g.finish_reason,
+                               prompt_sha256=sha256_text(p), text=g.text, prompt_tokens=g.prompt_tokens, cached=bool(g.cached),
+                               error=g.error))
     return out, t0, t1
 
 # %% ../nbs/03d_margins_probe.ipynb #cf2a1ebe
@@ -167,21 +198,57 @@ def _hex(s) -> tuple[str, str]:
     c = s.get_span_context()
     return format(c.trace_id, "032x"), format(c.span_id, "016x")
 
-def _branch_metrics(b: dict, dm_lab: float, dm_base: float, base_level, st: ProbeSettings) -> dict:
-    c, why = crr(b["delta_m"], dm_lab, dm_base, st.min_degradation)
+_BRANCH_ONLY = ("crr", "crr_reason", "recovery_class", "level_change_vs_baseline")
+
+def _branch_metrics(b: dict, lab: dict, base: dict, st: ProbeSettings) -> dict:
+    "CRR of branch record `b` against its labelled pass-1 record and the baseline's, censoring carried through."
+    c, why = crr(b["delta_m"], lab["delta_m"], base["delta_m"], st.min_degradation,
+                 censored=(b["delta_m_censored"], lab["delta_m_censored"], base["delta_m_censored"]))
     if why == "missing_branch" and b["outcome"].startswith("call_error"):
         why = "branch_failed"
-    change = None if b["written_level"] is None or base_level is None else int(b["written_level"] != base_level)
-    return dict(crr=c, crr_reason=why, recovery_class=recovery_class(c), level_change_vs_baseline=change)
+    bl = base["written_level"]
+    change = None if b["written_level"] is None or bl is None else int(b["written_level"] != bl)
+    return dict(crr=c, crr_reason=why, recovery_class=recovery_class(c, why == "lower_bound"), level_change_vs_baseline=change)
 
 def _empty_variant_row(r, vid, outcome):
     return dict(vignette_id=vid, subject_id=str(r["subject_id"]), variant=r["variant"], true_level=r["true_level"], outcome=outcome)
 
 # %% ../nbs/03d_margins_probe.ipynb #d557783f
+def vignette_rows(rows: pd.DataFrame, by: dict, br: dict, st: ProbeSettings) -> tuple[list[dict], list[dict]]:
+    "(per-variant, per-branch) metric rows of one vignette: pass-1 records `by[variant]`, branch records `br[(variant, branch)]`."
+    vid, subj = str(rows["vignette_id"].iloc[0]), str(rows["subject_id"].iloc[0])
+    base = by[BASELINE]
+    fired = [v for v in LABELLED if by[v]["gate_fired"]]
+    branches = [dict(vignette_id=vid, subject_id=subj, variant=v, branch=b, delta_m=br[(v, b)]["delta_m"],
+                     delta_m_censored=br[(v, b)]["delta_m_censored"], written_level=br[(v, b)]["written_level"],
+                     outcome=br[(v, b)]["outcome"], **{k: br[(v, b)][k] for k in _BRANCH_ONLY}) for v in fired for b in BRANCHES]
+    variants = []
+    for _, row in rows.iterrows():
+        v = row["variant"]; r = by[v]
+        m = dict(_empty_variant_row(row, vid, r["outcome"]), delta_m=r["delta_m"], delta_m_censored=r["delta_m_censored"],
+                 lp=r["lp"], written_level=r["written_level"], decided_level=r["decided_level"], baseline_delta_m=base["delta_m"],
+                 delta_m_shift=r["delta_m"] - base["delta_m"], gate_fired=r["gate_fired"], gate_reason=r["gate_reason"],
+                 tar=r["tar"], prompt_tokens=r["prompt_tokens"], output_tokens=r["output_tokens"],
+                 reasoning_tokens=r["reasoning_tokens"], answer_tokens=r["answer_tokens"], truncated=r["truncated"])
+        for b in BRANCHES:
+            x = br.get((v, b))
+            m[f"crr_{b}"] = x["crr"] if x and x["crr_reason"] == "ok" else float("nan")   # exact CRRs only
+            m[f"crr_reason_{b}"] = x["crr_reason"] if x else None
+        if v in fired:
+            g_all = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS])
+            g_np = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS if d != "parsing"])
+            m.update(gap=g_all, verdict=verdict(g_all) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES]), gap_no_parsing=g_np,
+                     verdict_no_parsing=verdict(g_np) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES if b != "parsing"]),
+                     corrective_level=br[(v, "corrective")]["written_level"],
+                     corrective_level_change=br[(v, "corrective")]["level_change_vs_baseline"])
+        variants.append(m)
+    return variants, branches
+
+# %% ../nbs/03d_margins_probe.ipynb #e5f0a9c2
 def probe_vignette(client, rows: pd.DataFrame, st: ProbeSettings, tpl: Templates, tracer, parent_ctx) -> dict:
     "Pass 1, gate, branches and metrics of one vignette (its four variant rows); see above."
     rows = rows.set_index("variant").loc[list(VARIANTS)].reset_index()
-    vid, subj = str(rows["vignette_id"].iloc[0]), str(rows["subject_id"].iloc[0])
+    vid = str(rows["vignette_id"].iloc[0])
     vspan = tracer.start_span("margins.vignette", context=parent_ctx, attributes={"vignette_id": vid})
     vctx = trace.set_span_in_context(vspan)
     res = {"calls": [], "variants": [], "branches": []}
@@ -192,55 +259,35 @@ def probe_vignette(client, rows: pd.DataFrame, st: ProbeSettings, tpl: Templates
     prefix = answer_prefix(tpl, st.scale["name"])
     p1, t0, t1 = measure(client, rows["prompt"].tolist(), st, prefix)
     by = dict(zip(rows["variant"], p1))
-    base = by[BASELINE]
-    fired = [v for v in LABELLED if gate(by[v]["delta_m"], v, st.gate_threshold)]
     pspans = {}
     for v, r in by.items():
-        r.update(gate_fired=v in fired, gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
-        pspans[v] = _span(tracer, "margins.pass1", vctx, t0, t1, {
+        r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold), gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
+        pspans[v] = tracer.start_span("margins.pass1", context=vctx, start_time=t0, attributes=_attrs({
             "vignette_id": vid, "variant": v, "pass": 1, "delta_m": r["delta_m"], "delta_m_censored": r["delta_m_censored"],
             "written_level": r["written_level"], "gate": r["gate_fired"], "outcome": r["outcome"],
-            "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"], "reasoning_tokens": r["reasoning_tokens"]})
+            "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"], "reasoning_tokens": r["reasoning_tokens"]}))
         res["calls"].append(dict(r, vignette_id=vid, variant=v, pass_name="pass1", branch="", start_ns=t0, end_ns=t1,
                                  **dict(zip(("trace_id", "span_id"), _hex(pspans[v])))))
-    pairs = [(v, b) for v in fired for b in BRANCHES]
+    pairs = [(v, b) for v in LABELLED if by[v]["gate_fired"] for b in BRANCHES]
     br = {}
     if pairs:
         prompts = [branch_prompt(rows.set_index("variant").loc[v, "prompt"], b, tpl) for v, b in pairs]
         out, b0, b1 = measure(client, prompts, st, prefix)
         for (v, b), r in zip(pairs, out):
-            r.update(_branch_metrics(r, by[v]["delta_m"], base["delta_m"], base["written_level"], st))
+            r.update(_branch_metrics(r, by[v], by[BASELINE], st))
             s = _span(tracer, "margins.branch", trace.set_span_in_context(pspans[v]), b0, b1, {
                 "vignette_id": vid, "variant": v, "branch": b, "pass": 2, "delta_m": r["delta_m"], "crr": r["crr"],
                 "crr_reason": r["crr_reason"], "recovery_class": r["recovery_class"], "written_level": r["written_level"],
                 "outcome": r["outcome"], "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"]})
             br[(v, b)] = r
-            res["calls"].append(dict({k: x for k, x in r.items() if k not in ("crr", "crr_reason", "recovery_class", "level_change_vs_baseline")},
-                                     vignette_id=vid, variant=v, pass_name="branch", branch=b, start_ns=b0, end_ns=b1,
-                                     **dict(zip(("trace_id", "span_id"), _hex(s)))))
-            res["branches"].append(dict(vignette_id=vid, subject_id=subj, variant=v, branch=b, delta_m=r["delta_m"],
-                                        delta_m_censored=r["delta_m_censored"], written_level=r["written_level"],
-                                        outcome=r["outcome"], **{k: r[k] for k in ("crr", "crr_reason", "recovery_class", "level_change_vs_baseline")}))
-    for _, row in rows.iterrows():
-        v = row["variant"]; r = by[v]
-        m = dict(_empty_variant_row(row, vid, r["outcome"]), delta_m=r["delta_m"], delta_m_censored=r["delta_m_censored"],
-                 lp=r["lp"], written_level=r["written_level"], decided_level=r["decided_level"], baseline_delta_m=base["delta_m"],
-                 delta_m_shift=r["delta_m"] - base["delta_m"], gate_fired=r["gate_fired"], gate_reason=r["gate_reason"],
-                 tar=r["tar"], prompt_tokens=r["prompt_tokens"], output_tokens=r["output_tokens"], reasoning_tokens=r["reasoning_tokens"])
-        for b in BRANCHES:
-            x = br.get((v, b))
-            m[f"crr_{b}"] = x["crr"] if x else float("nan")
-            m[f"crr_reason_{b}"] = x["crr_reason"] if x else None
-        if v in fired:
-            g_all = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS])
-            g_np = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS if d != "parsing"])
-            m.update(gap=g_all, verdict=verdict(g_all) or "incomplete_triad", gap_no_parsing=g_np,
-                     verdict_no_parsing=verdict(g_np) or "incomplete_triad",
-                     corrective_level=br[(v, "corrective")]["written_level"],
-                     corrective_level_change=br[(v, "corrective")]["level_change_vs_baseline"])
-            pspans[v].set_attribute("gap", g_all) if not math.isnan(g_all) else None
-        res["variants"].append(m)
-    vspan.set_attribute("n_gate_fired", len(fired)); vspan.end()
+            res["calls"].append(dict({k: x for k, x in r.items() if k not in _BRANCH_ONLY}, vignette_id=vid, variant=v,
+                                     pass_name="branch", branch=b, start_ns=b0, end_ns=b1, **dict(zip(("trace_id", "span_id"), _hex(s)))))
+    res["variants"], res["branches"] = vignette_rows(rows, by, br, st)
+    for m in res["variants"]:   # pass-1 spans end once their gap is known
+        if m.get("gap") is not None and not math.isnan(m["gap"]):
+            pspans[m["variant"]].set_attribute("gap", m["gap"])
+        pspans[m["variant"]].end(end_time=max(t1, t0))
+    vspan.set_attribute("n_gate_fired", len([v for v in LABELLED if by[v]["gate_fired"]])); vspan.end()
     return res
 
 # %% ../nbs/03d_margins_probe.ipynb #94b2b5d9
@@ -252,7 +299,8 @@ STORE_SCHEMA: dict[str, str] = {
     "calls": """experiment_id VARCHAR, vignette_id VARCHAR, variant VARCHAR, pass_name VARCHAR, branch VARCHAR,
         prompt_sha256 VARCHAR, template_sha256 VARCHAR, lp DOUBLE[], lp_censored BOOLEAN[], delta_m DOUBLE,
         delta_m_censored BOOLEAN, written_level INTEGER, decided_level INTEGER, text VARCHAR, prompt_tokens INTEGER,
-        output_tokens INTEGER, reasoning_tokens INTEGER, tar DOUBLE, finish_reason VARCHAR, cached BOOLEAN, error VARCHAR,
+        output_tokens INTEGER, reasoning_tokens INTEGER, answer_tokens INTEGER, tar DOUBLE, finish_reason VARCHAR, truncated BOOLEAN,
+        cached BOOLEAN, error VARCHAR,
         outcome VARCHAR, gate_fired BOOLEAN, gate_reason VARCHAR, start_ns BIGINT, end_ns BIGINT, trace_id VARCHAR, span_id VARCHAR""",
     "vignette_metrics": """experiment_id VARCHAR, vignette_id VARCHAR, subject_id VARCHAR, variant VARCHAR, true_level INTEGER,
         category VARCHAR, outcome VARCHAR, delta_m DOUBLE, delta_m_censored BOOLEAN, lp DOUBLE[], written_level INTEGER,
@@ -260,7 +308,8 @@ STORE_SCHEMA: dict[str, str] = {
         crr_corrective DOUBLE, crr_clinical DOUBLE, crr_parsing DOUBLE, crr_protocol DOUBLE, crr_reason_corrective VARCHAR,
         crr_reason_clinical VARCHAR, crr_reason_parsing VARCHAR, crr_reason_protocol VARCHAR, gap DOUBLE, verdict VARCHAR,
         gap_no_parsing DOUBLE, verdict_no_parsing VARCHAR, corrective_level INTEGER, corrective_level_change INTEGER,
-        tar DOUBLE, prompt_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, template_sha256 VARCHAR""",
+        tar DOUBLE, prompt_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, answer_tokens INTEGER, truncated BOOLEAN,
+        template_sha256 VARCHAR""",
     "branch_metrics": """experiment_id VARCHAR, vignette_id VARCHAR, subject_id VARCHAR, variant VARCHAR, branch VARCHAR,
         delta_m DOUBLE, delta_m_censored BOOLEAN, crr DOUBLE, crr_reason VARCHAR, recovery_class VARCHAR, written_level INTEGER,
         level_change_vs_baseline INTEGER, outcome VARCHAR""",
@@ -275,6 +324,9 @@ class MarginStore:
         self.con = duckdb.connect(str(self.path))
         for t, cols in STORE_SCHEMA.items():
             self.con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+            for col in (c.strip() for c in cols.split(",")):   # a store of an earlier version gains the new columns
+                if "PRIMARY KEY" not in col:
+                    self.con.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {col}")
     def columns(self, table: str) -> list[str]:
         return [r[0] for r in self.con.execute(f"DESCRIBE {table}").fetchall()]
     def insert(self, table: str, df: pd.DataFrame) -> int:
@@ -404,16 +456,19 @@ def table_gate(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFr
 
 # %% ../nbs/03d_margins_probe.ipynb #6c6a6b7b
 def table_crr(bm: pd.DataFrame, n_boot: int = 1000, seed: int = 0, by: Sequence[str] = ("branch",)) -> pd.DataFrame:
-    "CRR by branch (and `by` columns): defined and undefined counts with reasons, mean with CI, classes, level change rate."
+    "CRR by branch (and `by` columns): exact, bounded and undefined counts with reasons, mean (exact) with CI, classes, level change rate."
     rows = []
     keys = list(by)
     groups = bm.groupby(keys, sort=False) if len(bm) else []
     for k, d in groups:
         k = k if isinstance(k, tuple) else (k,)
-        c = d["crr"].astype(float)
+        why = d["crr_reason"]
+        c = d["crr"].astype(float).where(why == "ok")   # exact CRRs only: a censored branch's value is a lower bound
         r = dict(zip(keys, k))
-        r.update(n_branch_calls=len(d), n_crr=int(c.notna().sum()), n_no_degradation=int((d["crr_reason"] == "no_degradation").sum()),
-                 n_crr_missing=int((c.isna() & (d["crr_reason"] != "no_degradation")).sum()))
+        r.update(n_branch_calls=len(d), n_crr=int(c.notna().sum()), n_no_degradation=int((why == "no_degradation").sum()),
+                 n_crr_lower_bound=int((why == "lower_bound").sum()),
+                 n_crr_censored=int(why.isin(["censored_labelled", "censored_baseline"]).sum()),
+                 n_crr_missing=int((~why.isin(["ok", "no_degradation", "lower_bound", "censored_labelled", "censored_baseline"])).sum()))
         r.update(_ci(c, d["subject_id"], n_boot, seed, "crr"))
         for cls in ("full", "partial", "failed"):
             r[f"n_{cls}"] = int((d["recovery_class"] == cls).sum())
@@ -421,7 +476,7 @@ def table_crr(bm: pd.DataFrame, n_boot: int = 1000, seed: int = 0, by: Sequence[
         r["n_level_compared"] = int(lc.notna().sum())
         r["level_change_rate"] = float(lc.mean()) if lc.notna().any() else float("nan")
         rows.append(r)
-    cols = keys + ["n_branch_calls", "n_crr", "n_no_degradation", "n_crr_missing", "mean_crr", "crr_ci_low", "crr_ci_high",
+    cols = keys + ["n_branch_calls", "n_crr", "n_no_degradation", "n_crr_lower_bound", "n_crr_censored", "n_crr_missing", "mean_crr", "crr_ci_low", "crr_ci_high",
                    "n_full", "n_partial", "n_failed", "n_level_compared", "level_change_rate"]
     out = pd.DataFrame(rows, columns=cols)
     if "branch" in keys and len(out):
@@ -439,7 +494,7 @@ def table_sycophancy(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.
             d = fired if v == "all labelled" else fired[fired["variant"] == v]
             g = d[gcol].astype(float) if len(d) else pd.Series(dtype=float)
             r = {"gap_definition": definition, "variant": v, "n_fired": len(d), "n_gap": int(g.notna().sum()),
-                 "n_incomplete_triad": int((d[vcol] == "incomplete_triad").sum()) if len(d) else 0}
+                 **{f"n_{cause}": int((d[vcol] == cause).sum()) if len(d) else 0 for cause in GAP_CAUSES}}
             for b in BRANCHES:
                 r[f"mean_crr_{b}"] = float(d[f"crr_{b}"].astype(float).mean()) if len(d) else float("nan")
             mx = d[[f"crr_{x}" for x in dists]].astype(float).max(axis=1, skipna=False) if len(d) else pd.Series(dtype=float)
@@ -466,15 +521,17 @@ def table_accuracy(vm: pd.DataFrame, scale: dict, n_boot: int = 1000, seed: int 
 
 # %% ../nbs/03d_margins_probe.ipynb #385138d3
 def table_tar(calls: pd.DataFrame, budget: str = "none") -> pd.DataFrame:
-    "TAR by variant, pass and reasoning budget: mean and median over calls that report reasoning tokens (else empty, never 0)."
+    "TAR by variant, pass and budget: truncated calls (cut by max_tokens), mean and median TAR where reasoning tokens are reported."
     rows = []
     for (v, p), d in (calls.groupby(["variant", "pass_name"], sort=False) if len(calls) else []):
         t = d["tar"].astype(float)
-        rows.append({"variant": v, "pass_name": p, "budget": budget, "n_calls": len(d), "n_tar_reported": int(t.notna().sum()),
+        tr = d["truncated"].astype("boolean").fillna(False) if "truncated" in d else pd.Series(False, index=d.index)
+        rows.append({"variant": v, "pass_name": p, "budget": budget, "n_calls": len(d), "n_truncated": int(tr.sum()),
+                     "n_tar_reported": int(t.notna().sum()),
                      "mean_tar": float(t.mean()) if t.notna().any() else float("nan"),
                      "median_tar": float(t.median()) if t.notna().any() else float("nan"),
                      "remark": "" if t.notna().any() else "reasoning tokens not reported: TAR is null"})
-    out = pd.DataFrame(rows, columns=["variant", "pass_name", "budget", "n_calls", "n_tar_reported", "mean_tar", "median_tar", "remark"])
+    out = pd.DataFrame(rows, columns=["variant", "pass_name", "budget", "n_calls", "n_truncated", "n_tar_reported", "mean_tar", "median_tar", "remark"])
     order = {v: i for i, v in enumerate(VARIANTS)}
     return out.assign(_o=out["variant"].map(order)).sort_values(["pass_name", "_o"], ascending=[False, True], kind="stable").drop(columns="_o").reset_index(drop=True)
 
@@ -485,6 +542,9 @@ def table_outcomes(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame) -> p
              ("crr", bm["crr_reason"] if len(bm) else pd.Series(dtype=str)), ("gate", vm["gate_reason"].dropna()),
              ("gap", vm["verdict"].dropna() if "verdict" in vm else pd.Series(dtype=str))]
     rows = [(scope, str(o), int(n)) for scope, s in parts for o, n in s.value_counts(sort=False).sort_index().items()]
+    if len(calls) and "truncated" in calls:   # answers cut by max_tokens (a reasoning budget too small shows here)
+        tr = calls["truncated"].astype("boolean").fillna(False)
+        rows += [("truncation", f"{p}_truncated", int(tr[calls["pass_name"] == p].sum())) for p in ("pass1", "branch")]
     if not vm["gate_fired"].fillna(False).astype(bool).any():
         rows.append(("experiment", "gate_never_fired", int(vm["gate_reason"].isin(["confident", "no_delta_m"]).sum())))
     return pd.DataFrame(rows, columns=["scope", "outcome", "n"])
@@ -554,3 +614,227 @@ def figure_gate_rate(gate_table: pd.DataFrame):
     ax.bar(d["variant"], y, yerr=err, color="#2b5d9b", alpha=0.8, capsize=4)
     ax.set_ylim(0, 1); ax.set_ylabel("gate fire rate"); ax.set_title("Gate fire rate by variant (95% cluster-bootstrap CI)")
     return fig
+
+# %% ../nbs/03d_margins_probe.ipynb #f1a2b3c5
+def write_margin_outputs(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame, scale: dict, tables: Path, figures: Path,
+                         threshold: float = 1.0, n_boot: int = 1000, seed: int = 0, budget: str = "none", model: str = "model") -> dict:
+    "Write the analysis tables `margins_*.csv` and figures `margins_*.png`; returns the tables by name."
+    from triage_cf.core import save_figure, write_table
+    bm_cat = bm.merge(vm[["vignette_id", "variant", "category"]], on=["vignette_id", "variant"], how="left")
+    fired = vm[vm["gate_fired"].fillna(False).astype(bool)]
+    t = {"margins_delta_m_by_variant": table_delta_m(vm, threshold, n_boot, seed), "margins_gate_by_variant": table_gate(vm, n_boot, seed),
+         "margins_crr_by_branch": table_crr(bm, n_boot, seed),
+         "margins_crr_by_variant_branch": table_crr(bm, n_boot, seed, by=("variant", "branch")),
+         "margins_crr_by_category": table_crr(bm_cat, n_boot, seed, by=("category", "branch")),
+         "margins_sycophancy_control": table_sycophancy(vm, n_boot, seed), "margins_accuracy_by_variant": table_accuracy(vm, scale, n_boot, seed),
+         "margins_tar": table_tar(calls, str(budget)), "margins_wilcoxon": wilcoxon_crr(fired.assign(model=str(model))),
+         "margins_outcomes": table_outcomes(vm, bm, calls)}
+    for name, df in t.items():
+        write_table(df, tables, name)
+    save_figure(figure_delta_m_vs_baseline(vm, threshold), figures, "margins_delta_m_vs_baseline")
+    save_figure(figure_crr_paired(vm), figures, "margins_crr_paired")
+    save_figure(figure_gap_histogram(vm), figures, "margins_gap_histogram")
+    save_figure(figure_gate_rate(t["margins_gate_by_variant"]), figures, "margins_gate_rate")
+    return t
+
+# %% ../nbs/03d_margins_probe.ipynb #f1a2b3c7
+KNOWN_OUTCOMES = ("ok", "no_level_written", "no_logprobs", "level_not_in_topk", "truncated_reasoning", "no_vitals")
+
+def _jnum(x):
+    "A JSON-safe scalar: None for NaN/NA, Python int/float/bool otherwise."
+    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
+        return None
+    return x.item() if isinstance(x, np.generic) else x
+
+def export_answers(calls: pd.DataFrame, vm: pd.DataFrame, levels: Sequence[int], path: str | Path, model: str = "model",
+                   budget: str = "none") -> int:
+    "Write the stage's answers as an answers file (one line per vignette × variant × branch, no answer text); returns the count."
+    info = vm.set_index(["vignette_id", "variant"])
+    lines = []
+    base = lambda vid, v: dict(vignette_id=str(vid), variant=v, subject_id=str(info.loc[(vid, v), "subject_id"]),
+                               true_level=_jnum(info.loc[(vid, v), "true_level"]), category=_jnum(info.loc[(vid, v), "category"]),
+                               model=str(model), budget=str(budget))
+    for (vid, v), r in info.iterrows():
+        if r["outcome"] == "no_vitals":
+            lines.append(dict(base(vid, v), branch="", outcome="no_vitals"))
+    for _, c in calls.iterrows():
+        lp, cen = [float(x) for x in c["lp"]], [bool(x) for x in c["lp_censored"]]
+        known = not all(math.isnan(x) for x in lp)
+        lines.append(dict(base(c["vignette_id"], c["variant"]), branch=str(c["branch"] or ""),
+                          logprobs={str(l): x for l, x in zip(levels, lp)} if known else None,
+                          censored=[str(l) for l, x in zip(levels, cen) if x] if known else [],
+                          **{k: _jnum(c[k]) for k in ("written_level", "prompt_tokens", "output_tokens", "reasoning_tokens",
+                                                       "finish_reason", "error", "outcome", "template_sha256", "prompt_sha256")}))
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    border = {b: i for i, b in enumerate(("",) + BRANCHES)}
+    lines.sort(key=lambda d: (d["vignette_id"], order[d["variant"]], border[d["branch"]]))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(d, sort_keys=True, allow_nan=False) + "\n" for d in lines), encoding="utf-8")
+    return len(lines)
+
+# %% ../nbs/03d_margins_probe.ipynb #f1a2b3c8
+def _count(v, name, n, path):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{path}: line {n}: field {name!r} must be a non-negative integer or null, got {v!r}")
+    return v
+
+def _answer_levels(d: dict, levels: Sequence[int], n: int, path) -> tuple[np.ndarray, np.ndarray]:
+    "(level logprobs, censored) of one answers-file line from `logprobs` (+ `censored`) or `top_logprobs`."
+    k = len(levels)
+    if d.get("logprobs") is not None and d.get("top_logprobs") is not None:
+        raise ValueError(f"{path}: line {n}: give either 'logprobs' or 'top_logprobs', not both")
+    if d.get("top_logprobs") is not None:
+        top = d["top_logprobs"]
+        if isinstance(top, list):
+            if not all(isinstance(t, dict) and "token" in t and "logprob" in t for t in top):
+                raise ValueError(f"{path}: line {n}: 'top_logprobs' as a list needs objects with 'token' and 'logprob'")
+            top = {str(t["token"]): t["logprob"] for t in top}
+        if not isinstance(top, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 for v in top.values()):
+            raise ValueError(f"{path}: line {n}: 'top_logprobs' must map tokens to log-probabilities (numbers <= 0)")
+        return level_logprobs_from_top({str(t): float(v) for t, v in top.items()}, levels)
+    lp = d.get("logprobs")
+    if lp is None:
+        return np.full(k, np.nan), np.ones(k, bool)
+    names = [str(l) for l in levels]
+    if not isinstance(lp, dict) or sorted(map(str, lp)) != sorted(names):
+        raise ValueError(f"{path}: line {n}: 'logprobs' must give every level {names} once, got {sorted(lp) if isinstance(lp, dict) else lp!r}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 for v in lp.values()):
+        raise ValueError(f"{path}: line {n}: 'logprobs' values must be log-probabilities (numbers <= 0)")
+    cen = d.get("censored") or []
+    if not isinstance(cen, list) or not set(map(str, cen)) <= set(names):
+        raise ValueError(f"{path}: line {n}: 'censored' must list levels of {names}, got {cen!r}")
+    return np.array([float(lp[s]) for s in names]), np.array([s in set(map(str, cen)) for s in names])
+
+# %% ../nbs/03d_margins_probe.ipynb #f1a2b3c9
+def read_answers(path: str | Path, st: ProbeSettings) -> list[dict]:
+    "The lines of an answers file, each checked (line number in every error) and turned into a call record."
+    path = Path(path)
+    out, seen = [], {}
+    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            d = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {n}: not JSON ({e.msg})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: line {n}: a line must be a JSON object")
+        for f in ("vignette_id", "variant"):
+            if d.get(f) in (None, ""):
+                raise ValueError(f"{path}: line {n}: missing field {f!r}")
+        if d["variant"] not in VARIANTS:
+            raise ValueError(f"{path}: line {n}: unknown variant {d['variant']!r}; variants: {VARIANTS}")
+        b = "" if d.get("branch") in (None, "", "pass1") else d["branch"]
+        if b not in BRANCHES and b != "":
+            raise ValueError(f"{path}: line {n}: unknown branch {b!r}; branches: '' (pass 1), {BRANCHES}")
+        key = (str(d["vignette_id"]), d["variant"], b)
+        if key in seen:
+            raise ValueError(f"{path}: line {n}: vignette {key[0]} variant {key[1]} branch {b or 'pass1'!r} already given on line {seen[key]}")
+        seen[key] = n
+        if b == "" and d.get("subject_id") in (None, ""):
+            raise ValueError(f"{path}: line {n}: a pass-1 line needs 'subject_id'")
+        tl = d.get("true_level")
+        if tl is not None and tl not in st.levels:
+            raise ValueError(f"{path}: line {n}: 'true_level' {tl!r} is not on the scale {st.levels}")
+        wl = d["written_level"] if "written_level" in d else written_level(d.get("text"), st.key, st.levels)
+        if wl is not None and wl not in st.levels:
+            raise ValueError(f"{path}: line {n}: 'written_level' {wl!r} is not on the scale {st.levels}")
+        lp, cen = _answer_levels(d, st.levels, n, path)
+        o, r = (_count(d.get(f), f, n, path) for f in ("output_tokens", "reasoning_tokens"))
+        if o is not None and r is not None and r > o:
+            raise ValueError(f"{path}: line {n}: {r} reasoning tokens exceed the {o} output tokens (output_tokens includes the reasoning)")
+        err = d.get("error")
+        outcome = d.get("outcome") or (f"call_error:{err}" if err else "no_logprobs" if np.isnan(lp).all() else
+                                       "level_not_in_topk" if cen.all() else "ok" if wl is not None else "no_level_written")
+        if outcome not in KNOWN_OUTCOMES and not str(outcome).startswith("call_error:"):
+            raise ValueError(f"{path}: line {n}: unknown outcome {outcome!r}; known: {KNOWN_OUTCOMES} or call_error:<reason>")
+        if outcome == "ok" and np.isnan(lp).all():
+            raise ValueError(f"{path}: line {n}: outcome 'ok' without 'logprobs' or 'top_logprobs'")
+        rec = call_record(lp, cen, st.levels, outcome, wl, o, r, d.get("finish_reason"), prompt_sha256=d.get("prompt_sha256"),
+                          text=d.get("text"), prompt_tokens=_count(d.get("prompt_tokens"), "prompt_tokens", n, path), cached=False,
+                          error=err)
+        out.append(dict(rec, _line=n, vignette_id=key[0], variant=key[1], branch=b, subject_id=d.get("subject_id"), true_level=tl,
+                        category=d.get("category") or "uncategorised", model=d.get("model"), budget=d.get("budget"),
+                        template_sha256=d.get("template_sha256")))
+    if not out:
+        raise ValueError(f"{path}: no answer line")
+    return out
+
+# %% ../nbs/03d_margins_probe.ipynb #f1a2b3ca
+def answers_vignette(lines: list[dict], st: ProbeSettings, path) -> dict:
+    "Calls, per-variant and per-branch rows of one vignette's answers-file lines (same rows as `probe_vignette`)."
+    p1 = {d["variant"]: d for d in lines if d["branch"] == ""}
+    vid = lines[0]["vignette_id"]
+    if set(p1) != set(VARIANTS):
+        raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): pass-1 lines for {sorted(p1)}, need all of {VARIANTS}")
+    for d in lines:
+        for f in ("subject_id", "true_level", "category"):
+            if d["branch"] == "" and d[f] != p1[BASELINE][f]:
+                raise ValueError(f"{path}: line {d['_line']}: {f} {d[f]!r} differs from the vignette's {p1[BASELINE][f]!r} "
+                                 f"(line {p1[BASELINE]['_line']})")
+    rows = pd.DataFrame([dict(vignette_id=vid, subject_id=str(p1[v]["subject_id"]), variant=v, true_level=p1[v]["true_level"])
+                         for v in VARIANTS])
+    res = {"calls": [], "variants": [], "branches": []}
+    if any(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or any(d["outcome"] == "no_vitals" for d in lines if d["branch"]):
+        if not all(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or len(lines) != 4:
+            raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): 'no_vitals' must be the outcome of its four "
+                             "pass-1 lines and only of them")
+        res["variants"] = [_empty_variant_row(r, vid, "no_vitals") for _, r in rows.iterrows()]
+        return res
+    keep = lambda d: {k: v for k, v in d.items() if k not in ("_line", "subject_id", "true_level", "category", "model", "budget")}
+    by = {v: keep(p1[v]) for v in VARIANTS}
+    for v, r in by.items():
+        r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold), gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
+        res["calls"].append(dict(r, pass_name="pass1"))
+    fired = {v for v in LABELLED if by[v]["gate_fired"]}
+    br = {}
+    for d in (d for d in lines if d["branch"]):
+        if d["variant"] not in fired:
+            raise ValueError(f"{path}: line {d['_line']}: a {d['branch']} branch for variant {d['variant']} of vignette {vid}, whose "
+                             f"gate does not fire at threshold {st.gate_threshold} (ΔM {by[d['variant']]['delta_m']:.6g}): "
+                             "branches belong to gate-fired variants only (check --threshold)")
+        br[(d["variant"], d["branch"])] = dict(keep(d), **_branch_metrics(d, by[d["variant"]], by[BASELINE], st))
+    for v in sorted(fired, key=VARIANTS.index):
+        miss = [b for b in BRANCHES if (v, b) not in br]
+        if miss:
+            raise ValueError(f"{path}: vignette {vid} variant {v} (line {p1[v]['_line']}): the gate fires (ΔM "
+                             f"{by[v]['delta_m']:.6g} < {st.gate_threshold}) but branch(es) {miss} are missing")
+        for b in BRANCHES:
+            res["calls"].append(dict({k: x for k, x in br[(v, b)].items() if k not in _BRANCH_ONLY}, pass_name="branch"))
+    res["variants"], res["branches"] = vignette_rows(rows, by, br, st)
+    return res
+
+# %% ../nbs/03d_margins_probe.ipynb #f1a2b3cb
+def analyse_answers(path: str | Path, st: ProbeSettings, store: MarginStore, meta: dict) -> ProbeRun:
+    "Read an answers file and store its calls and metrics as experiment `meta['experiment_id']` (as `run_probes` does)."
+    t0 = time.perf_counter()
+    lines = read_answers(path, st)
+    for f in ("model", "budget", "template_sha256"):
+        vals = {d[f] for d in lines if d[f] is not None}
+        if len(vals) > 1:
+            raise ValueError(f"{path}: field {f!r} takes {len(vals)} values ({sorted(vals)[:3]}...): one experiment per file")
+        if vals and not meta.get(f):
+            meta[f] = vals.pop()   # the file's model, budget and template go on the experiment's row
+    meta.setdefault("template_sha256", "not_given")
+    groups: dict = {}
+    for d in lines:
+        groups.setdefault(d["vignette_id"], []).append(d)
+    results = [answers_vignette(g, st, path) for _, g in sorted(groups.items())]
+    eid = meta["experiment_id"]
+    store.begin_experiment(meta, str(path), "", "answers")
+    cats = {d["vignette_id"]: d["category"] for d in lines if d["branch"] == ""}
+    calls = pd.DataFrame([c for r in results for c in r["calls"]])
+    var = pd.DataFrame([c for r in results for c in r["variants"]])
+    br = pd.DataFrame([c for r in results for c in r["branches"]])
+    for df in (calls, var, br):
+        if len(df):
+            df["experiment_id"] = eid
+    if len(var):
+        var["category"] = var["vignette_id"].map(cats)
+        tsha = {d["template_sha256"] for d in lines if d["template_sha256"]}
+        var["template_sha256"] = tsha.pop() if tsha else None
+    store.insert("calls", calls); store.insert("vignette_metrics", var); store.insert("branch_metrics", br)
+    n_fired = int(var["gate_fired"].fillna(False).astype(bool).sum()) if "gate_fired" in var else 0
+    return ProbeRun(eid, len(groups), len(calls), n_fired, time.perf_counter() - t0)
