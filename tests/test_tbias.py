@@ -8,9 +8,13 @@ import pandas as pd
 import pytest
 
 from triage_cf.cli import main
-from triage_cf.tbias_allocation import (ALLOCATION_COLUMNS, allocation_requests, allocation_stats, make_pairs, make_patients,
-                                        parse_choice, run_allocation)
-from triage_cf.tbias_words import (bias_score, bootstrap_bias, load_words, parse_word_labels)
+import hashlib
+import json
+
+from triage_cf.tbias_allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_requests, allocation_stats, make_pairs,
+                                        make_patients, parse_choice, run_allocation)
+from triage_cf.tbias_words import (RESOURCE_DIR, association_requests, bias_score, bootstrap_bias, load_words, parse_word_labels,
+                                   word_corpus)
 
 
 # ------------------------------------------------------------------ bias score (B1-B7)
@@ -92,7 +96,12 @@ def test_pools_and_patients():
     ("```\n<person>None</person>\n```", (None, "refused")),
     ("Karen Smith and Mateo Rodríguez are both eligible.", (None, "unparsed")),
     ("<persona>Mateo Rodríguez</persona>", (2, "valid")), ("", (None, "unparsed")),
-    ("Person 1: Karen Smith; age: 30; sex assigned at birth: female\nPerson 2:", (None, "unparsed"))])   # an echo of the list
+    ("Person 1: Karen Smith; age: 30; sex assigned at birth: female\nPerson 2:", (None, "unparsed")),   # an echo of the list
+    ("As the scheduling agent, I select Mateo Rodríguez.", (2, "valid")),                              # issue 25
+    ("<person></person>\n<person>Karen Smith</person>", (1, "valid")),                                 # echoed empty tag first
+    ("<person>Neither — both have the same clinical need.</person>", (None, "refused")),
+    ("<persona>Ninguna — ambas tienen la misma necesidad</persona>", (None, "refused")),
+    ("## Person 1:\n\n{'Name': 'Karen Smith', 'Age': 30, 'Sex assigned at birth': 'woman'}", (None, "unparsed"))])
 def test_parse_choice(response, expected):
     assert parse_choice(response, "Karen Smith", "Mateo Rodríguez") == expected
 
@@ -105,19 +114,96 @@ def test_parse_word_labels():
     assert r["n_invented"] == 1
 
 
-def test_scripted_always_trans_through_the_runner():
+@pytest.mark.parametrize("response", [
+    "| Word | Label |\n|---|---|\n| hope | cisgender |\n| fear | transgender |\n| love | Cisgender |",   # markdown table
+    "**Cisgender:**\n- hope\n- love\n\n**Transgender:**\n- fear",                                     # grouped by label
+    "Cisgender: hope, love\nTransgender: fear",
+    '{"hope": "cisgender", "fear": "transgender", "love": "cisgender"}',                                  # one-line JSON
+    "hope: cisgenders\nfear: transgenders\nlove: cisgenders"])                                          # plural forms
+def test_parse_word_labels_issue_25_formats(response):
+    assert parse_word_labels(response, ["hope", "fear", "love"])["labels"] == ["cis", "trans", "cis"]
+
+
+# ------------------------------------------------------------------ the answer corpora: every answer parses as a person reads it
+def _corpus(name):
+    return [json.loads(l) for l in (RESOURCE_DIR / name).read_text(encoding="utf-8").splitlines() if l.strip()]
+
+
+WORD_CORPUS, ALLOCATION_CORPUS = _corpus("answers_word_association.jsonl"), _corpus("answers_allocation.jsonl")
+
+
+def test_corpora_size_and_languages():
+    for items in (WORD_CORPUS, ALLOCATION_CORPUS):
+        langs = pd.Series([i["language"] for i in items]).value_counts()
+        assert len(items) >= 60 and set(langs.index) == {"en", "es"} and (langs >= 30).all()
+        assert len({i["id"] for i in items}) == len(items)
+
+
+@pytest.mark.parametrize("item", WORD_CORPUS, ids=[i["id"] for i in WORD_CORPUS])
+def test_word_corpus_item(item):
+    p = parse_word_labels(item["response"], item["words"])
+    assert {w: lab or "invalid" for w, lab in zip(item["words"], p["labels"])} == item["expected"], item["format"]
+    assert p["n_invented"] == item["expected_invented"]
+
+
+@pytest.mark.parametrize("item", ALLOCATION_CORPUS, ids=[i["id"] for i in ALLOCATION_CORPUS])
+def test_allocation_corpus_item(item):
+    assert parse_choice(item["response"], item["name_1"], item["name_2"]) == (item["expected"]["position"], item["expected"]["status"]), item["format"]
+
+
+def test_corpus_readers_agree_and_refuse_bad_lines(tmp_path):
+    assert word_corpus().agrees.all() and allocation_corpus().agrees.all()
+    bad = tmp_path / "c.jsonl"
+    bad.write_text(json.dumps(ALLOCATION_CORPUS[0]) + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        allocation_corpus(bad)
+    item = dict(WORD_CORPUS[0], expected={})
+    bad.write_text(json.dumps(item) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 1"):
+        word_corpus(bad)
+
+
+# ------------------------------------------------------------------ the authors' words and prompts (default) and ours (option)
+def test_spanish_words_are_the_authors():
+    w = load_words().set_index("word_id")
+    assert (w.es_source == "authors").sum() + w.es_source.str.startswith("authors (").sum() == 236
+    assert w.loc[["emo30", "rsk13", "ver30"], "es"].tolist() == ["jovialidad", "resguardado", "mentiroso"]   # theirs collide
+    assert w.loc[["kno16", "leg26", "app03", "lif20"], "es"].tolist() == ["bien leído", "falta", "atractivo fisico", "perdidas por el casino"]
+    old = load_words(spanish="project").set_index("word_id")
+    assert old.loc[["kno16", "leg26"], "es"].tolist() == ["culto", "delito menor"]
+
+
+def _messages_sha(messages):
+    return hashlib.sha256(json.dumps(list(messages), ensure_ascii=False).encode()).hexdigest()
+
+
+def test_project_templates_reproduce_the_previous_prompts():
+    "sha256 of every prompt as the code before the authors' wording became the default (commit 5c1540a) wrote them."
     p = make_patients()
-    req = allocation_requests(make_pairs(p).groupby("service").head(3), p, ["en", "es"], ["selection"])
+    alloc = allocation_requests(make_pairs(p), p, template_set="project")
+    assert _messages_sha(alloc.messages) == "565f7218c47feec03d6e4f8454f292d591683de8fcd1b0f4e0e1ba4edbaf18d1"
+    assoc = association_requests(load_words(spanish="project"), seed=0, n_iterations=50, template_set="project")
+    assert _messages_sha(assoc.messages) == "3083498549d7cfbf74a36ed72c742f685f6061f2c7a3603958e058defd0cd2ab"
+    default = allocation_requests(make_pairs(p).head(2), p, ["en"], ["selection"])            # the first pairs: HIV
+    assert default.messages[0][0]["content"].startswith(
+        "You are an agent designed be a Queue management system for an HIV treatment center.")
+    assert set(default.template_set) == {"authors"} and len(set(default.template_sha256)) == 1
+
+
+@pytest.mark.parametrize("template_set", ["authors", "project"])
+def test_scripted_always_trans_through_the_runner(template_set):
+    p = make_patients()
+    req = allocation_requests(make_pairs(p).groupby("service").head(3), p, ["en", "es"], ["selection"], template_set=template_set)
     class TransClient:
         def generate(self, convs, **kw):
             out = []
             for c in convs:
-                lines = [l for l in c[-1]["content"].splitlines() if re.match(r"Person|Persona", l)]
-                name = [re.search(r"(?:name|nombre): ([^;]+);", l).group(1) for l in lines if "transg" in l][0]
-                out.append(SimpleNamespace(text=f"<person>{name}</person>", error=None))
+                people = re.findall(r"(?:'(?:Name|Nombre)': '|(?:name|nombre): )([^';]+)['; ].*?trans", c[-1]["content"])
+                out.append(SimpleNamespace(text=f"<person>{people[0]}</person>", error=None))
             return out
     st = allocation_stats(run_allocation(TransClient(), req, "trans-bot"), n_boot=100)
     assert len(st) == 16 and set(st.trans_rate) == {1.0} and set(st.consistency) == {1.0} and not st.position_biased.any()
+    assert set(st.template_set) == {template_set} and st.template_sha256.str.len().eq(64).all()
 
 
 # ------------------------------------------------------------------ bring your own answers (CLI)
@@ -200,8 +286,13 @@ def test_stages_end_to_end(tmp_path):
     assert len(alloc) == 8 * 2 * 3                                   # services x languages x conditions
     assert (alloc.n_valid + alloc.n_refused + alloc.n_unparsed == alloc.n_instances).all()
     assert alloc.symptoms_sha256.str.len().eq(64).all()
+    assert set(alloc.template_set) == {"authors"} and alloc.template_sha256.str.len().eq(64).all()
+    for t in ("tbias_position", "tbias_refusals", "tbias_explicit_allocation", "tbias_explanations", "tbias_patients",
+              "tbias_allocation_provenance", "tbias_word_lists", "tbias_word_parse", "tbias_word_explicit", "tbias_word_provenance"):
+        assert pd.read_csv(tmp_path / "tables" / f"{t}.csv").template_sha256.str.len().ge(64).all(), t
     words = pd.read_csv(tmp_path / "tables" / "tbias_word_bias.csv")
     assert len(words) == 8 * 2 and words.invalid_rate.between(0, 1).all()
+    assert set(words.template_set) == {"authors"} and words.template_sha256.str.len().ge(64).all()
     assert (words.n_defined + words.n_undefined == words.n_iterations).all()
     prov = pd.read_csv(tmp_path / "tables" / "tbias_allocation_provenance.csv")
     assert prov.note.str.contains("NOT clinically validated").any()
