@@ -18,7 +18,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from .core import sha256_text, write_table
 from .tbias_words import (LANGUAGES, RESOURCE_DIR, _lines, _read_answers_csv, _rng, load_prompts, normalize,
-                                   run_generation)
+                                   read_corpus, run_generation)
 
 # %% auto #0
 __all__ = ['IDENTITIES', 'PATIENT_SEED', 'SERVICE_POOLS', 'SERVICES', 'CONDITIONS', 'ALLOCATION_KEYS', 'ALLOCATION_COLUMNS',
@@ -275,16 +275,9 @@ def allocation_corpus(path: str | Path | None = None) -> pd.DataFrame:
     `position`, `status` and `agrees` (the parse is the expected reading)."""
     path = Path(path or RESOURCE_DIR / "answers_allocation.jsonl")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}: line {n} is not JSON ({e})") from None
-        missing = {"id", "language", "format", "name_1", "name_2", "response", "expected"} - set(r)
-        if missing or set(r["expected"]) != {"position", "status"}:
-            raise ValueError(f"{path}: line {n}: missing {sorted(missing)} or `expected` is not {{position, status}}")
+    for n, r in read_corpus(path, {"id", "language", "format", "name_1", "name_2", "response", "expected"}):
+        if set(r["expected"]) != {"position", "status"}:
+            raise ValueError(f"{path}: line {n}: `expected` must be {{position, status}}")
         pos, status = parse_choice(r["response"], r["name_1"], r["name_2"])
         rows.append({**r, "position": pos, "status": status,
                      "agrees": (pos, status) == (r["expected"]["position"], r["expected"]["status"])})

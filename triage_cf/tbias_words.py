@@ -23,8 +23,8 @@ from .llm import make_client, tiny_causal_lm, tiny_tokenizer
 # %% auto #0
 __all__ = ['RESOURCE_DIR', 'CATEGORIES', 'LANGUAGES', 'TEMPLATE_SETS', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256',
            'load_prompts', 'load_words', 'normalize', 'sample_iterations', 'association_template', 'association_prompt',
-           'association_requests', 'parse_word_labels', 'word_corpus', 'bias_score', 'bootstrap_bias', 'score_answers',
-           'iteration_counts', 'bias_table', 'explicit_requests', 'parse_explicit', 'run_generation',
+           'association_requests', 'parse_word_labels', 'read_corpus', 'word_corpus', 'bias_score', 'bootstrap_bias',
+           'score_answers', 'iteration_counts', 'bias_table', 'explicit_requests', 'parse_explicit', 'run_generation',
            'run_word_association', 'make_tb_client', 'model_label', 'bias_figure', 'word_association_from_csv']
 
 # %% ../nbs/03a_tbias_words.ipynb #64fe17f4
@@ -287,22 +287,30 @@ def parse_word_labels(response: str | None, shown_words: Sequence[str]) -> dict:
     return {"labels": out_l, "status": out_s, "n_invented": n_invented}
 
 # %% ../nbs/03a_tbias_words.ipynb #5b2d9e41
-def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
-    """The word-association answer corpus (`resources/tbias/answers_word_association.jsonl`; one JSON answer per line:
-    `id, language, format, words, response, expected` {word: cis|trans|invalid}, `expected_invented`, `source`), each
-    answer parsed: `parsed` ({word: cis|trans|invalid}), `n_invented`, and `agrees` (the parse is the expected reading)."""
-    path = Path(path or RESOURCE_DIR / "answers_word_association.jsonl")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+def read_corpus(path: str | Path, required: set[str]) -> list[tuple[int, dict]]:
+    "(line number, item) of a JSON-lines answer corpus; a line that is not JSON or lacks a `required` key is an error naming it."
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             r = json.loads(line)
         except ValueError as e:
             raise ValueError(f"{path}: line {n} is not JSON ({e})") from None
-        missing = {"id", "language", "format", "words", "response", "expected"} - set(r)
-        if missing or set(r["expected"]) != set(r["words"]):
-            raise ValueError(f"{path}: line {n}: missing {sorted(missing)} or `expected` does not give every shown word")
+        if required - set(r):
+            raise ValueError(f"{path}: line {n} lacks {sorted(required - set(r))}")
+        out.append((n, r))
+    return out
+
+def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
+    """The word-association answer corpus (`resources/tbias/answers_word_association.jsonl`; one JSON answer per line:
+    `id, language, format, words, response, expected` {word: cis|trans|invalid}, `expected_invented`, `source`), each
+    answer parsed: `parsed` ({word: cis|trans|invalid}), `n_invented`, and `agrees` (the parse is the expected reading)."""
+    path = Path(path or RESOURCE_DIR / "answers_word_association.jsonl")
+    rows = []
+    for n, r in read_corpus(path, {"id", "language", "format", "words", "response", "expected"}):
+        if set(r["expected"]) != set(r["words"]):
+            raise ValueError(f"{path}: line {n}: `expected` must give every shown word")
         p = parse_word_labels(r["response"], r["words"])
         parsed = {w: lab or "invalid" for w, lab in zip(r["words"], p["labels"])}
         rows.append({**r, "parsed": parsed, "n_invented": p["n_invented"],
