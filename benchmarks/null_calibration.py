@@ -1,0 +1,458 @@
+"""Benchmark: the error rates of the audit's finding rule, measured on synthetic cohorts whose truth is known (issue 24).
+
+For each cohort language (synth-en, synth-fr), planted scale and seed, the default profile's chain is rebuilt through
+the package's own functions (stages 01-06 for the RF arm): the records (`data.load_records`), the cohort rules
+(`cohort.apply_cohort`), the 50/50 split (`split.stratified_split`), the rule rewriter's counterfactual pairs of the
+test split (`counterfactuals.build_pairs`), the TF-IDF + random-forest baseline with its hyperparameter search
+(`baselines.fit_rf_tfidf`, seed = the run's seed), the Table 2 test records of the fitness verdict (the default
+profile's `ft_eval_n` stratified subsample) and the oracle's predictions of the same pairs. Beside the real RF,
+K null RFs are trained by the same procedure, each on its own within-strata sex permutation of the training split
+(`null_control.permute_sex`, seed [seed, k], as stage 03e's null seed k) and with its own training seed. All score
+the same pairs in the three views. Three rules are applied to the same runs:
+
+  (a) `metrics.permutation_test` (the new `finding` flag: primary check female skew / full view at alpha, the other
+      14 checks BH within the model), with `fitness_table` (the chain's thresholds) deciding fit for audit;
+  (b) today's "CI excludes 0" rule on the real RF's Table 3 row (bootstrap of pairs);
+  (c) today's `exceeds_null` against the first null emulator (`metrics.null_comparison`, the chain's single twin).
+
+Scale 0 (nothing planted: bias_tab = bias_text = 0) gives the false-positive rates; scales 1, 2, 5 times the
+dataset's default knobs (params/synth-*.yaml) give the power, beside the oracle's (its pair-bootstrap CI excludes 0
+on the same pairs). Only the audits of a fit RF count; unfit ones are counted and reported.
+
+Cost: the rewritten notes of a record are the same for every permutation (permute_sex rewrites every record to the
+other sex before drawing the permutation), so `counterfactual_text` is memoised within an audit; each RF's pair
+predictions are cached under the cache folder, and each finished audit writes one JSON there (skipped on rerun).
+
+    nice -n 19 .venv/bin/python benchmarks/null_calibration.py run [--null-seeds 20] [--planted-seeds 4] [--K 19]
+    .venv/bin/python benchmarks/null_calibration.py summarise      # results JSON + Markdown from the finished audits
+    .venv/bin/python benchmarks/null_calibration.py check-chain RUN_DIR   # RF pair predictions equal the chain's
+
+Writes benchmarks/results/null_calibration.json (partial results are labelled with their audit counts).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT = REPO / "benchmarks" / "results" / "null_calibration.json"
+CACHE = Path(os.environ.get("NULL_CALIBRATION_CACHE", "/tmp/null_calibration_cache"))
+DATASETS = ("synth-en", "synth-fr")
+PROFILE = "default"
+VERSION = 2   # bump when what shapes an audit's result changes (cached audits of another version are not read)
+
+
+# ------------------------------------------------------------------ one cohort, the chain's way
+def chain_params(dataset: str, profile: str = PROFILE) -> dict:
+    from triage_cf.core import load_params
+    return load_params(dataset, profile)
+
+
+def build_cohort(dataset: str, seed: int, synth: dict, test_size: float, ft_eval_n) -> dict:
+    "Stages 01, 02, 03, 04 (Table 2 test records) and 05 of the chain for one seed and generator knobs `synth`."
+    from triage_cf.cohort import apply_cohort
+    from triage_cf.counterfactuals import build_pairs
+    from triage_cf.data import load_manifest, load_records
+    from triage_cf.emulator import stratified_subsample
+    from triage_cf.split import stratified_split
+    manifest = load_manifest(dataset)
+    lang, text_fields = manifest["language"], list(manifest.get("text_fields", []))
+    records, _ = load_records(dataset, seed=seed, synth=synth)                       # 01_data
+    cohort = apply_cohort(records, manifest["cohort"], rows_read=len(records)).cohort  # 02_cohort
+    split = stratified_split(cohort, test_size=test_size, seed=seed)                 # 03_split
+    ids = split.groupby("split")["record_id"].apply(set)
+    train = cohort[cohort["record_id"].isin(ids["train"])].sort_values("record_id").reset_index(drop=True)  # 03e, 04b
+    test = cohort[cohort["record_id"].isin(ids["test"])].sort_values("record_id").reset_index(drop=True)    # 04, 05
+    levels = sorted(int(l) for l in cohort["triage_level"].unique())
+    table2_test, _ = stratified_subsample(test, ft_eval_n, seed=seed)                 # 04_emulator: fitness records
+    pairs = build_pairs(test, text_fields, lang)                                      # 05_counterfactuals (rules)
+    return dict(manifest=manifest, lang=lang, text_fields=text_fields, cohort=cohort, train=train, test=test,
+                table2_test=table2_test.reset_index(drop=True), levels=levels, pairs=pairs,
+                ok=pairs[pairs["in_pairs"]])
+
+
+def fit_and_score(texts_train, y_train, d: dict, seed: int, best_params: dict | None = None):
+    """04b: fit the RF and score the Table 2 test records (full view); 06: the pairs. `best_params` None: the chain's
+    hyperparameter search (`fit_rf_tfidf` as stage 04b calls it); else these hyperparameters, no search (a one-point
+    grid: the CV of the one candidate runs on a small share and is ignored; the model is refitted on all texts).
+    Returns (test predictions, pair predictions, the hyperparameters used)."""
+    from triage_cf.baselines import fit_rf_tfidf, proba_by_level, record_texts
+    from triage_cf.emulator import proba_frame
+    from triage_cf.predict import text_model_pair_predictions
+    import warnings
+    levels, lang, tf = d["levels"], d["lang"], d["text_fields"]
+    if best_params is None:
+        rf, rep = fit_rf_tfidf(texts_train, y_train, levels, seed=seed)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # the small CV share may hold a level of < 3 records
+            rf, rep = fit_rf_tfidf(texts_train, y_train, levels, seed=seed, search_frac=0.1,
+                                   param_grid={k: [v] for k, v in best_params.items()})
+    t2 = d["table2_test"]
+    test_pred = pd.concat([pd.DataFrame({"record_id": t2["record_id"].to_numpy(), "view": "full",
+                                         "triage_level": t2["triage_level"].astype(int).to_numpy()}),
+                           proba_frame(proba_by_level(rf, record_texts(t2, "full", lang, text_fields=tf), levels), levels)],
+                          axis=1)
+    pair_pred = text_model_pair_predictions(lambda t: proba_by_level(rf, t, levels), d["pairs"], tf, levels, lang)
+    return test_pred, pair_pred, rep["best_params"]
+
+
+def _cached(path: Path, make):
+    "(test predictions, pair predictions, hyperparameters) at `path`_{test,pairs}.parquet + .json, made when absent."
+    a, b, c = (path.with_name(path.name + sfx) for sfx in ("_test.parquet", "_pairs.parquet", "_params.json"))
+    if a.exists() and b.exists() and c.exists():
+        return pd.read_parquet(a), pd.read_parquet(b), json.loads(c.read_text())
+    x, y, params = make()
+    for frame, p in ((x, a), (y, b)):
+        tmp = p.with_suffix(".tmp")
+        frame.to_parquet(tmp, index=False)
+        tmp.replace(p)
+    c.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}))   # written last
+    return x, y, json.loads(c.read_text())
+
+
+def audit_key(dataset: str, scale: float, seed: int, K: int, n_records: int, n_boot: int) -> str:
+    return f"v{VERSION}_{dataset}_x{scale:g}_s{seed}_K{K}_n{n_records}_b{n_boot}"
+
+
+def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | None, n_boot: int, cache: str,
+              search_nulls: bool = False) -> dict:
+    "One model x cohort audit: real RF + K null RFs, the three rules; one JSON under `cache` (returned as is when present)."
+    from threadpoolctl import threadpool_limits
+    import triage_cf.null_control as null_control
+    from triage_cf.metrics import (TESTED_METRICS, VIEWS, fitness_table, null_comparison, permutation_test, table3)
+    from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics
+    from triage_cf.rewrite import counterfactual_text
+    from triage_cf.baselines import record_texts
+    prm = chain_params(dataset)
+    base = dict(prm["synth"])
+    n_records = int(n_records or base["n_records"])
+    key = audit_key(dataset, scale, seed, K, n_records, n_boot) + ("_search" if search_nulls else "")
+    out = Path(cache) / f"{key}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    t0 = time.perf_counter()
+    # g(field; sex) of a record does not depend on the permutation: rewrite each (text, sex) once per audit
+    null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
+    synth = {**base, "n_records": n_records, "bias_tab": scale * float(base["bias_tab"]),
+             "bias_text": scale * float(base["bias_text"])}
+    work = Path(cache) / "models" / key
+    work.mkdir(parents=True, exist_ok=True)
+    with threadpool_limits(1):
+        d = build_cohort(dataset, seed, synth, float(prm.get("test_size", 0.5)), prm.get("ft_eval_n"))
+        train, lang, tf = d["train"], d["lang"], d["text_fields"]
+        y_train = train["triage_level"].astype(int).to_numpy()
+        test_pred, pair_pred, best = _cached(work / "RF", lambda: fit_and_score(
+            record_texts(train, "full", lang, text_fields=tf), y_train, d, seed))   # the chain's RF, search included
+        best = {k: tuple(v) if isinstance(v, list) else v for k, v in best.items()}
+        null_long, counts = [], []
+        for k in range(K):
+            def make(k=k):
+                permuted, c = null_control.permute_sex(train, tf, lang, seed=[int(seed), k])
+                counts.append(c)
+                return fit_and_score(record_texts(permuted, "full", lang, text_fields=tf), y_train, d,
+                                     seed=int(seed) + 1000 * (k + 1),          # a different training seed per null
+                                     best_params=None if search_nulls else best)
+            _, npred, _ = _cached(work / f"RF_null{k}", make)
+            null_long.append(pairs_for_metrics(npred, d["ok"], "RF").assign(null_id=f"RF_null{k}"))
+        knobs = {k: v for k, v in synth.items() if k != "n_records"}
+        orc = oracle_pair_predictions(d["pairs"], tf, d["levels"], lang, knobs)
+        from triage_cf.synth import oracle_proba
+        t2 = d["table2_test"]
+        full_p = oracle_proba(t2, lang, **knobs)[:, [l - 1 for l in d["levels"]]]
+        from triage_cf.emulator import proba_frame
+        orc_test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int).to_numpy()),
+                              proba_frame(full_p / full_p.sum(1, keepdims=True), d["levels"])], axis=1)
+    real = pairs_for_metrics(pair_pred, d["ok"], "RF")
+    oracle = pairs_for_metrics(orc, d["ok"], "oracle")
+    nulls = pd.concat(null_long, ignore_index=True)
+    fitness = fitness_table({"RF": test_pred, "oracle": orc_test}, d["levels"], n_boot=n_boot, seed=seed,
+                            kappa_floor=0.20, baseline_margin=0.10)     # 07_metrics' defaults
+    pt = permutation_test(real, nulls, fitness, n_boot=n_boot, seed=seed)
+    t3 = table3(pd.concat([real, oracle], ignore_index=True), n_boot=n_boot, seed=seed)
+    twin = pd.concat([real, nulls[nulls.null_id == "RF_null0"].drop(columns="null_id").assign(model="RF_null")],
+                     ignore_index=True)
+    nc = null_comparison(twin, "RF", "RF_null", n_boot=n_boot, seed=seed)
+    checks = []
+    for cond in VIEWS:
+        for m in TESTED_METRICS:
+            p = pt[(pt.condition == cond) & (pt.metric == m)].iloc[0]
+            r = t3[(t3.model == "RF") & (t3.condition == cond) & (t3.metric == m)].iloc[0]
+            o = t3[(t3.model == "oracle") & (t3.condition == cond) & (t3.metric == m)].iloc[0]
+            e = nc[(nc.condition == cond) & (nc.metric == m)].iloc[0]
+            excl = lambda lo, hi: bool(np.isfinite([lo, hi]).all() and (lo > 0 or hi < 0))
+            checks.append(dict(condition=cond, metric=m, check=p.check, estimate=float(p.estimate),
+                               null_median=float(p.null_median), null_sd=float(p.null_sd), effect=float(p.effect),
+                               p=float(p.p), p_perm=float(p.p_perm), q=float(p.q),
+                               significant=None if pd.isna(p.significant) else bool(p.significant),
+                               finding=None if pd.isna(p.finding) else bool(p.finding), mde=float(p.mde),
+                               ci_low=float(r.ci_low), ci_high=float(r.ci_high), ci_excludes_0=excl(r.ci_low, r.ci_high),
+                               exceeds_null=None if pd.isna(e.exceeds_null) else bool(e.exceeds_null),
+                               oracle_estimate=float(o.estimate), oracle_ci_low=float(o.ci_low),
+                               oracle_ci_high=float(o.ci_high), oracle_ci_excludes_0=excl(o.ci_low, o.ci_high)))
+    f = fitness.set_index("model").loc["RF"]
+    res = dict(version=VERSION, key=key, dataset=dataset, scale=float(scale), seed=int(seed), K=int(K),
+               bias_tab=synth["bias_tab"], bias_text=synth["bias_text"], n_records=n_records, n_cohort=len(d["cohort"]),
+               n_train=len(train), n_test=len(d["test"]), n_fitness_test=len(d["table2_test"]), n_pairs=len(d["ok"]),
+               n_boot=n_boot, kappa_w=float(f.kappa_w), kappa_ci=[float(f.ci_low), float(f.ci_high)],
+               fit_for_audit=bool(f.fit_for_audit), fitness_reason=str(f.fitness_reason),
+               search_nulls=bool(search_nulls), rf_params={k: str(v) for k, v in best.items()},
+               permutation_counts=counts[:1], checks=checks, wall_s=round(time.perf_counter() - t0, 1))
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(out)
+    return res
+
+
+# ------------------------------------------------------------------ the study
+def task_list(null_seeds: int, planted_seeds: int, scales, datasets=DATASETS, first_seed: int = 1) -> list[tuple]:
+    "Nothing planted first (languages interleaved), then the planted scales from the largest."
+    tasks = [(ds, 0.0, first_seed + i) for i in range(null_seeds) for ds in datasets]
+    tasks += [(ds, float(s), first_seed + i) for s in sorted(scales, reverse=True) for i in range(planted_seeds)
+              for ds in datasets]
+    return tasks
+
+
+def cmd_run(a) -> None:
+    cache = Path(a.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    tasks = task_list(a.null_seeds, a.planted_seeds, a.scales, a.datasets)
+    sfx = "_search" if a.search_nulls else ""
+    todo = [t for t in tasks if not (cache / f"{audit_key(t[0], t[1], t[2], a.K, a.n_records or chain_params(t[0])['synth']['n_records'], a.n_boot)}{sfx}.json").exists()]
+    print(f"{len(tasks) - len(todo)} of {len(tasks)} audits done; running {len(todo)} with {a.workers} worker(s)", flush=True)
+    t0 = time.perf_counter()
+    args = lambda t: (t[0], t[1], t[2], a.K, a.n_records, a.n_boot, str(cache), a.search_nulls)
+    if a.workers > 1:
+        import multiprocessing
+        with ProcessPoolExecutor(a.workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+            futs = {ex.submit(run_audit, *args(t)): t for t in todo}
+            for f in as_completed(futs):
+                try:
+                    r = f.result()
+                    print(f"{time.strftime('%H:%M:%S')} {r['key']}: kappa_w {r['kappa_w']:.2f} fit {r['fit_for_audit']}, "
+                          f"{sum(bool(c['finding']) for c in r['checks'])} finding(s), {r['wall_s']:.0f} s", flush=True)
+                except Exception as e:   # one failed audit is reported and the others go on
+                    print(f"{futs[f]}: FAILED {type(e).__name__}: {e}", flush=True)
+    else:
+        for t in todo:
+            r = run_audit(*args(t))
+            print(f"{r['key']}: kappa_w {r['kappa_w']:.2f}, {r['wall_s']:.0f} s", flush=True)
+    print(f"run wall time {time.perf_counter() - t0:.0f} s", flush=True)
+    cmd_summarise(a)
+
+
+def _rate(k: int, n: int) -> dict:
+    from statsmodels.stats.proportion import proportion_confint
+    if n == 0:
+        return dict(k=0, n=0, rate=None, ci_low=None, ci_high=None)
+    lo, hi = proportion_confint(k, n, alpha=0.05, method="wilson")
+    return dict(k=int(k), n=int(n), rate=k / n, ci_low=float(lo), ci_high=float(hi))
+
+
+def _cluster_ci(flags: np.ndarray, n_boot: int = 2000, seed: int = 0) -> list:
+    "Percentile CI of the pooled per-check rate, audits resampled (the 15 checks of one audit are correlated)."
+    if len(flags) < 2:
+        return [None, None]
+    rng = np.random.default_rng(seed)
+    b = flags[rng.integers(0, len(flags), (n_boot, len(flags)))].mean(axis=(1, 2))
+    return [float(np.quantile(b, 0.025)), float(np.quantile(b, 0.975))]
+
+
+RULES = {"finding": "permutation test (new finding flag)", "ci_excludes_0": "CI excludes 0 (today)",
+         "exceeds_null": "exceeds_null vs the first twin (today)"}
+
+
+def summarise(results: list[dict]) -> dict:
+    "Rates of the three rules over the fit audits, per arm (language x scale) and pooled over languages."
+    out = []
+    df = pd.DataFrame(results)
+    for scale in sorted(df.scale.unique()):
+        for ds in [*DATASETS, "both"]:
+            sub = [r for r in results if r["scale"] == scale and (ds == "both" or r["dataset"] == ds)]
+            if not sub:
+                continue
+            fit = [r for r in sub if r["fit_for_audit"]]
+            arm = dict(scale=float(scale), dataset=ds, n_audits=len(sub), n_fit=len(fit), n_unfit=len(sub) - len(fit),
+                       seeds=sorted({r["seed"] for r in sub}), kappa_w_median=float(np.median([r["kappa_w"] for r in sub])),
+                       n_pairs_median=float(np.median([r["n_pairs"] for r in sub])), rules={})
+            for rule in RULES:
+                if not fit:
+                    continue
+                F = np.array([[bool(c[rule]) if c[rule] is not None else False for c in r["checks"]] for r in fit]).reshape(len(fit), -1)
+                signed = np.array([c["metric"] != "PDR" for c in fit[0]["checks"]]) if fit else np.zeros(0, bool)
+                prim = np.array([c["check"] == "primary" for c in fit[0]["checks"]]) if fit else np.zeros(0, bool)
+                per = dict(pooled=_rate(int(F.sum()), F.size), pooled_audit_bootstrap_ci=_cluster_ci(F[:, :, None]) if len(fit) else [None, None],
+                           signed_only=_rate(int(F[:, signed].sum()), F[:, signed].size),
+                           primary=_rate(int(F[:, prim].sum()), int(prim.sum()) * len(fit)),
+                           family_wise=_rate(int(F.any(axis=1).sum()), len(fit)))
+                if fit:
+                    names = [f"{c['condition']}/{c['metric']}" for c in fit[0]["checks"]]
+                    per["by_check"] = {n: round(float(F[:, i].mean()), 4) for i, n in enumerate(names)}
+                arm["rules"][rule] = per
+            if fit:   # the oracle on the same pairs: its pair-bootstrap CI excludes 0 (no training noise)
+                O = np.array([[c["oracle_ci_excludes_0"] for c in r["checks"]] for r in fit])
+                names = [f"{c['condition']}/{c['metric']}" for c in fit[0]["checks"]]
+                arm["oracle"] = dict(by_check={n: round(float(O[:, i].mean()), 4) for i, n in enumerate(names)},
+                                     primary=_rate(int(O[:, prim].sum()), len(fit)),
+                                     any=_rate(int(O.any(axis=1).sum()), len(fit)),
+                                     primary_estimate_mean=float(np.mean([c["oracle_estimate"] for r in fit for c in r["checks"]
+                                                                          if c["check"] == "primary"])))
+                pe = [c for r in fit for c in r["checks"] if c["check"] == "primary"]
+                arm["primary_check"] = dict(estimate_mean=float(np.mean([c["estimate"] for c in pe])),
+                                            null_sd_median=float(np.median([c["null_sd"] for c in pe])),
+                                            mde_median=float(np.median([c["mde"] for c in pe])),
+                                            finding_with_oracle_sign=_rate(sum(bool(c["finding"]) and np.sign(c["effect"]) == np.sign(c["oracle_estimate"]) for c in pe), len(pe)))
+            out.append(arm)
+    return out
+
+
+def null_diagnostics(results: list[dict]) -> dict:
+    "Nothing planted: is the predictive-t statistic's spread what its t(K-1) reference says (std of t, share |t| > crit)?"
+    from scipy import stats
+    fit = [r for r in results if r["scale"] == 0 and r["fit_for_audit"]]
+    if not fit:
+        return {}
+    K = fit[0]["K"]
+    rows = {}
+    for c0 in fit[0]["checks"]:
+        name = f"{c0['condition']}/{c0['metric']}"
+        cs = [next(c for c in r["checks"] if c["condition"] == c0["condition"] and c["metric"] == c0["metric"]) for r in fit]
+        t = np.array([c["effect"] / (c["null_sd"] * np.sqrt(1 + 1 / K)) if c["null_sd"] > 0 else np.nan for c in cs])
+        p = np.array([c["p"] for c in cs])
+        rows[name] = dict(t_mean=float(np.nanmean(t)), t_sd=float(np.nanstd(t, ddof=1)), t_sd_expected=float(stats.t.std(K - 1)),
+                          share_p_below_0_05=float(np.nanmean(p < 0.05)), share_p_perm_below_0_05=float(np.nanmean(np.array([c["p_perm"] for c in cs]) <= 0.05)))
+    return rows
+
+
+def markdown(arms: list[dict], K: int) -> str:
+    lines = [f"| cohort | planted | fit audits (unfit) | rule | per-check rate [95% CI] | primary check | any finding (family-wise) |",
+             "|---|---|---|---|---|---|---|"]
+    f = lambda r: "-" if r["rate"] is None else f"{100 * r['rate']:.1f}% [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] ({r['k']}/{r['n']})"
+    for a in arms:
+        planted = "nothing" if a["scale"] == 0 else f"{a['scale']:g}x default"
+        for rule, label in RULES.items():
+            if rule not in a["rules"]:
+                continue
+            r = a["rules"][rule]
+            lines.append(f"| {a['dataset']} | {planted} | {a['n_fit']} ({a['n_unfit']}) | {label} | {f(r['pooled'])} | "
+                         f"{f(r['primary'])} | {f(r['family_wise'])} |")
+        if "oracle" in a:
+            o = a["oracle"]
+            lines.append(f"| {a['dataset']} | {planted} | {a['n_fit']} ({a['n_unfit']}) | oracle, same pairs (CI excludes 0) | - | "
+                         f"{f(o['primary'])} | {f(o['any'])} |")
+    return "\n".join(lines) + f"\n\nRF arm, K = {K} null emulators per audit; rates over the fit audits' 15 checks " \
+        "(PDR, female skew, NMDF, NATS up/down x full, text-isolated, tabular-isolated views). Nothing planted: a rate is " \
+        "a false-positive rate; planted: power.\n"
+
+
+def cmd_summarise(a) -> None:
+    cache = Path(a.cache)
+    results = [json.loads(p.read_text()) for p in sorted(cache.glob(f"v{VERSION}_*.json"))]
+    results = [r for r in results if r["K"] == a.K and r["n_boot"] == a.n_boot and r["search_nulls"] == a.search_nulls and
+               (a.n_records is None or r["n_records"] == a.n_records)]
+    if not results:
+        print("no finished audit in", cache)
+        return
+    arms = summarise(results)
+    planned = task_list(a.null_seeds, a.planted_seeds, a.scales, a.datasets)
+    done = {(r["dataset"], r["scale"], r["seed"]) for r in results}
+    res = dict(benchmark="null_calibration", issue=24, complete=all(t in done for t in planned),
+               n_audits_planned=len(planned), n_audits_done=len(results),
+               note=("partial: only the finished audits are counted (n_audits per arm)" if not all(t in done for t in planned) else "complete"),
+               model="RF (TF-IDF + random forest; the real RF is stage 04b's, hyperparameter search included)",
+               null_hyperparameters=("each null RF runs the search" if a.search_nulls else
+                                     "the real RF's searched hyperparameters, reused by every null RF (no search)"),
+               K=a.K, n_boot=a.n_boot,
+               design=dict(primary="female_skew / full view at alpha 0.05", secondary="14 other checks, BH within the model",
+                           p="predictive t on the null emulators' mean and sd (K-1 df)", alpha=0.05,
+                           null_emulators="permute_sex seed [seed, k], training seed seed + 1000 (k + 1), k = 0..K-1",
+                           fitness="fitness_table, kappa floor 0.20, on the default profile's ft_eval_n Table 2 test records "
+                                   "(no FS/MLP here, so no baseline-margin check)"),
+               conditions=dict(datasets=list(a.datasets), scales=[0.0, *map(float, a.scales)], null_seeds=a.null_seeds,
+                               planted_seeds=a.planted_seeds,
+                               default_knobs={ds: {k: chain_params(ds)["synth"][k] for k in ("bias_tab", "bias_text")} for ds in a.datasets}),
+               sizes={ds: dict(n_records=sorted({r["n_records"] for r in results if r["dataset"] == ds}),
+                               n_train_median=float(np.median([r["n_train"] for r in results if r["dataset"] == ds] or [np.nan])),
+                               n_pairs_median=float(np.median([r["n_pairs"] for r in results if r["dataset"] == ds] or [np.nan])),
+                               n_fitness_test=sorted({r["n_fitness_test"] for r in results if r["dataset"] == ds}))
+                      for ds in a.datasets},
+               audit_cpu_s=dict(median=float(np.median([r["wall_s"] for r in results])),
+                                total=float(np.sum([r["wall_s"] for r in results]))),
+               machine=dict(python=platform.python_version(), cpus=os.cpu_count(), load_average=list(os.getloadavg())),
+               arms=arms, null_t_diagnostics=null_diagnostics(results), markdown=markdown(arms, a.K))
+    if getattr(a, "wall_s", None):
+        res["run_wall_s"] = a.wall_s
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=float))
+    print(res["markdown"])
+    print(f"{len(results)} audits -> {out}")
+
+
+def cmd_check_chain(a) -> None:
+    "The RF and first null twin predictions of a chain run's pairs equal this script's (same seed, knobs, sizes)."
+    import triage_cf.null_control as null_control
+    from triage_cf.baselines import fit_rf_tfidf, proba_by_level, record_texts
+    from triage_cf.predict import text_model_pair_predictions
+    run = Path(a.run_dir)
+    prov = json.loads((run / "data" / "provenance.json").read_text())
+    ds, seed, synth = prov["dataset"], int(prov["generator"]["seed"]), dict(prov["generator"]["knobs"])
+    prm = chain_params(ds, json.loads((run / "run.json").read_text()).get("profile", "smoke"))
+    n_eval = len(pd.read_parquet(run / "data" / "table2_records.parquet").query("role == 'test'"))
+    d = build_cohort(ds, seed, synth, float(prm.get("test_size", 0.5)), n_eval)
+    pairs_chain = pd.read_parquet(run / "data" / "pairs.parquet")
+    same_pairs = pairs_chain["record_id"].astype(str).tolist() == d["pairs"]["record_id"].astype(str).tolist() and \
+        pairs_chain["in_pairs"].tolist() == d["pairs"]["in_pairs"].tolist()
+    y = d["train"]["triage_level"].astype(int).to_numpy()
+    rf, _ = fit_rf_tfidf(record_texts(d["train"], "full", d["lang"], text_fields=d["text_fields"]), y, d["levels"], seed=seed)
+    mine = text_model_pair_predictions(lambda t: proba_by_level(rf, t, d["levels"]), d["pairs"], d["text_fields"], d["levels"], d["lang"])
+    chain = pd.read_parquet(run / "data" / "predictions" / "RF.parquet")
+    k = ["pair_id", "view", "side"]
+    m = chain.merge(mine, on=k, suffixes=("_chain", "_mine"))
+    pcols = [c for c in chain.columns if c.startswith("p_")]
+    out = dict(run=str(run), dataset=ds, seed=seed, same_pair_set=bool(same_pairs), n_chain=len(chain), n_mine=len(mine),
+               n_matched=len(m), pred_equal=float((m.pred_chain == m.pred_mine).mean()),
+               max_abs_proba_diff=float(max(np.abs(m[f"{c}_chain"] - m[f"{c}_mine"]).max() for c in pcols)))
+    # the chain's null twin: permute_sex seed [seed, 0] and the same training seed as the real RF
+    perm, _ = null_control.permute_sex(d["train"], d["text_fields"], d["lang"], seed=[seed, 0])
+    rfn, _ = fit_rf_tfidf(record_texts(perm, "full", d["lang"], text_fields=d["text_fields"]), y, d["levels"], seed=seed)
+    mine_n = text_model_pair_predictions(lambda t: proba_by_level(rfn, t, d["levels"]), d["pairs"], d["text_fields"], d["levels"], d["lang"])
+    mn = pd.read_parquet(run / "data" / "predictions" / "RF_null.parquet").merge(mine_n, on=k, suffixes=("_chain", "_mine"))
+    out.update(null_pred_equal=float((mn.pred_chain == mn.pred_mine).mean()), null_n_matched=len(mn))
+    print(json.dumps(out, indent=1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["run", "summarise", "check-chain"])
+    ap.add_argument("run_dir", nargs="?")
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    ap.add_argument("--null-seeds", type=int, default=20)
+    ap.add_argument("--planted-seeds", type=int, default=4)
+    ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0, 5.0])
+    ap.add_argument("--K", type=int, default=19)
+    ap.add_argument("--n-records", type=int, default=None, help="generated visits (default: the default profile's)")
+    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cache", default=str(CACHE))
+    ap.add_argument("--search-nulls", action="store_true",
+                    help="each null RF runs the chain's hyperparameter search too (about 8x the cost); default: the "
+                         "real RF's search picks the hyperparameters that every null RF of the audit uses")
+    ap.add_argument("--out", default=str(RESULT))
+    a = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    {"run": cmd_run, "summarise": cmd_summarise, "check-chain": cmd_check_chain}[a.command](a)
+
+
+if __name__ == "__main__":
+    main()
