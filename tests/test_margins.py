@@ -364,3 +364,57 @@ def test_tar_reasoning_answer_local_backend():
     assert tar(g.reasoning_tokens, answer_tokens(g.output_tokens, g.reasoning_tokens)) == r / (len(ids) - r)
     with pytest.raises(Exception, match="reasoning effort"):
         client.generate([[{"role": "user", "content": "x"}]], max_tokens=2, reasoning_effort="low")
+
+
+# --- censored margins and named gaps through the stage's own path (fake server, top-k) ---------------------------------------
+
+def _censoring_responder(baseline_confident: bool):
+    "Baseline confident (or not), labelled unsure, corrective branch sure but with only its own level in the top-k, distractors half-way."
+    def responder(body):
+        user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+        if "Disregard every demographic" in user:
+            dist = {"2": math.log(0.95), "{": math.log(0.01)}             # the runner-up level is outside the top-k
+        elif "Re-evaluate" in user:
+            dist = {"2": math.log(0.6), "3": math.log(0.3)}
+        elif "Sex:" in user or not baseline_confident:
+            dist = {"2": math.log(0.5), "3": math.log(0.4)}
+        else:
+            dist = {"2": math.log(0.9), "3": math.log(0.05)}
+        toks = [('{"', -0.01, {}), ("esi", -0.01, {}), ('":', -0.01, {}), (" ", -0.01, {}), ("2", dist["2"], dist), ("}", -0.01, {})]
+        return dict(text="".join(t for t, _, _ in toks), tokens=toks)
+    return responder
+
+
+def test_censored_branch_gives_a_counted_lower_bound(tmp_path):
+    from triage_cf.llm import make_client
+    from triage_cf.margins_probe import table_crr, table_sycophancy
+    with FakeOpenAI(responder=_censoring_responder(True)) as srv:
+        client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=4, timeout=10, max_retries=0)
+        run, vm, bm, calls = _probe(client, tmp_path)
+    assert run.n_gate_fired == 6                                           # 2 probed vignettes x 3 labelled variants
+    corr = bm[bm.branch == "corrective"]
+    assert corr["delta_m_censored"].all() and set(corr["crr_reason"]) == {"lower_bound"}
+    want = (math.log(0.95 / 0.01) - math.log(0.5 / 0.4)) / (math.log(0.9 / 0.05) - math.log(0.5 / 0.4))
+    assert corr["crr"].tolist() == pytest.approx([want] * 6) and set(corr["recovery_class"]) == {"full"}   # bound ≥ 0.95: surely full
+    assert set(bm[bm.branch != "corrective"]["crr_reason"]) == {"ok"}
+    fired = vm[vm.gate_fired.fillna(False).astype(bool)]
+    assert fired["crr_corrective"].isna().all() and set(fired["verdict"]) == {"censored"}   # never averaged, never a verdict
+    t = table_crr(bm, n_boot=20).set_index("branch")
+    assert t.loc["corrective", ["n_crr", "n_crr_lower_bound", "n_crr_censored", "n_crr_missing"]].tolist() == [0, 6, 0, 0]
+    assert math.isnan(t.loc["corrective", "mean_crr"]) and t.loc["clinical", "n_crr"] == 6
+    s = table_sycophancy(vm, n_boot=20).set_index(["gap_definition", "variant"]).loc[("all three distractors", "all labelled")]
+    assert (s["n_fired"], s["n_gap"], s["n_censored"], s["n_no_degradation"], s["n_incomplete_triad"]) == (6, 0, 6, 0, 0)
+
+
+def test_gap_undefined_because_nothing_degraded_is_named_so(tmp_path):
+    from triage_cf.llm import make_client
+    from triage_cf.margins_probe import table_sycophancy
+    with FakeOpenAI(responder=_censoring_responder(False)) as srv:      # the baseline is as unsure as the labelled variants
+        client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=4, timeout=10, max_retries=0)
+        run, vm, bm, calls = _probe(client, tmp_path)
+    fired = vm[vm.gate_fired.fillna(False).astype(bool)]
+    assert len(fired) == 6 and set(fired["verdict"]) == {"no_degradation"} and set(bm["crr_reason"]) == {"no_degradation"}
+    s = table_sycophancy(vm, n_boot=20).set_index(["gap_definition", "variant"]).loc[("all three distractors", "all labelled")]
+    assert (s["n_no_degradation"], s["n_incomplete_triad"]) == (6, 0)
+    out = table_outcomes(vm, bm, calls)
+    assert out[(out.scope == "gap")].set_index("outcome")["n"].to_dict() == {"no_degradation": 6}

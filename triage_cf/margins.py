@@ -311,7 +311,8 @@ def delta_m(logprobs: Sequence[float], censored: Sequence[bool] | None = None) -
     best = int(np.argmax(exact))
     rest = np.where(ok, lp, -np.inf)
     rest[best] = -np.inf
-    second = int(np.argmax(rest))
+    tied = np.flatnonzero(rest == rest.max())
+    second = int(next((j for j in tied if not cen[j]), tied[0]))   # a tie with the top-k floor: the exact level is the runner-up
     return float(lp[best] - lp[second]), bool(cen[second])
 
 # %% ../nbs/03c_margins.ipynb #0ab09023

@@ -658,7 +658,8 @@ def export_answers(calls: pd.DataFrame, vm: pd.DataFrame, levels: Sequence[int],
         if r["outcome"] == "no_vitals":
             lines.append(dict(base(vid, v), branch="", outcome="no_vitals"))
     for _, c in calls.iterrows():
-        lp, cen = [float(x) for x in c["lp"]], [bool(x) for x in c["lp_censored"]]
+        lp = [float(x) for x in np.ma.filled(np.ma.asarray(c["lp"], dtype=float), np.nan)]   # NULL entries read back masked
+        cen = [bool(x) for x in c["lp_censored"]]
         known = not all(math.isnan(x) for x in lp)
         lines.append(dict(base(c["vignette_id"], c["variant"]), branch=str(c["branch"] or ""),
                           logprobs={str(l): x for l, x in zip(levels, lp)} if known else None,
