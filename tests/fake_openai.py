@@ -97,8 +97,20 @@ class FakeOpenAI:
         usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
         if ans.get("reasoning_tokens") is not None:
             usage["completion_tokens_details"] = {"reasoning_tokens": ans["reasoning_tokens"]}
-        return {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": self.model,
-                "system_fingerprint": "fp_fake", "choices": [choice], "usage": usage}
+        out = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": self.model,
+               "system_fingerprint": "fp_fake", "choices": [choice], "usage": usage}
+        if body.get("prompt_logprobs") is not None:   # vLLM's extension: log p of the prompt's own tokens
+            out["prompt_logprobs"] = self._prompt_logprobs(body)
+        return out
+
+    def _prompt_logprobs(self, body: dict) -> list:
+        "vLLM-shaped prompt log-probabilities: the last assistant message's trailing level digit scored by `level_logprobs`."
+        words = " ".join(m["content"] for m in body["messages"][:-1]).split()
+        last = body["messages"][-1]["content"]
+        head, digit = last[:-1], last[-1]
+        lp = level_logprobs(_last_user(body)).get(digit, -9.0)
+        entry = lambda i, tok, v: {str(i): {"logprob": v, "rank": 1, "decoded_token": tok}}
+        return [None] + [entry(i, w, -0.1) for i, w in enumerate(words)] + [entry(9998, head, -0.05), entry(9999, digit, lp)]
 
     def completions(self, body: dict) -> dict:
         prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]

@@ -147,3 +147,11 @@ def test_probe_topk_path_end_to_end(llamacpp, tmp_path):
     assert calls["output_tokens"].between(1, 16).all() and calls["reasoning_tokens"].isna().all() and calls["tar"].isna().all()
     cols = [c for c in vm.columns if c not in ("experiment_id",)]
     pd.testing.assert_frame_equal(vm2[cols], vm[cols])
+
+
+def test_llamacpp_has_no_prompt_logprobs_and_says_so(llamacpp):
+    "Scoring from prompt log-probabilities is vLLM's extension: llama.cpp's server answers without it, a clear error."
+    from triage_cf.llm import LLMCapabilityError
+    client = make_client("openai", model="smollm2", base_url=llamacpp, timeout=120, max_retries=0, score_method="prompt_logprobs")
+    with pytest.raises(LLMCapabilityError, match="no prompt_logprobs"):
+        client.score_continuations([[{"role": "user", "content": "Triage: chest pain."}]], '{"esi": ', ["1", "2"])

@@ -117,6 +117,19 @@ def test_fake_server_logprob_paths():
         assert np.allclose(np.log(p[0]), list(level_logprobs("prompt a").values()), atol=1e-5)
 
 
+def test_fake_server_scores_from_prompt_logprobs():
+    "vLLM's prompt_logprobs: every candidate scored exactly (never censored), one request per candidate; cached like the rest."
+    with FakeOpenAI() as srv:
+        c = make_client("openai", model="fake-model", base_url=srv.url, top_logprobs=2, score_method="prompt_logprobs")
+        s = c.score_continuations(CONVS, '{"level": ', ["1", "2", "3", "4", "5"])
+        for conv, x in zip(CONVS, s):
+            assert np.allclose(x.logprobs, list(level_logprobs(conv[-1]["content"]).values())) and not x.censored.any()
+        assert c.stats["calls"] == len(CONVS)            # counted per conversation, sent as 5 requests each
+        assert c.score_continuations(CONVS, '{"level": ', ["1", "2", "3", "4", "5"])[0].cached is False   # no cache given
+    with pytest.raises(ValueError, match="score_method"):
+        make_client("openai", model="m", base_url="http://127.0.0.1:1/v1", score_method="echo")
+
+
 def test_fake_server_without_logprobs_is_a_clear_error():
     with FakeOpenAI(logprobs=False) as srv:
         c = make_client("openai", model="m", base_url=srv.url, levels=[1, 2, 3])

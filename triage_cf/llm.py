@@ -938,8 +938,12 @@ class OpenAIClient(LLMClient):
     backend = "openai"
     def __init__(self, model: str, base_url: str | None = None, levels: Sequence[int] | None = None, concurrency: int = 16,
                  timeout: float = 60.0, max_retries: int = 4, backoff: float = 0.5, api_key_env: str = "OPENAI_API_KEY",
-                 top_logprobs: int = 20, batch_size: int = 16, cache=None, progress: bool | None = None):
+                 top_logprobs: int = 20, batch_size: int = 16, cache=None, progress: bool | None = None,
+                 score_method: str = "topk"):
         super().__init__(cache, progress)
+        if score_method not in ("topk", "prompt_logprobs"):
+            raise ValueError(f"score_method must be 'topk' or 'prompt_logprobs' (vLLM), got {score_method!r}")
+        self.score_method = score_method
         self.model, self.base_url = model, (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
         self.levels = [int(l) for l in levels] if levels is not None else None
         self.concurrency, self.timeout, self.max_retries, self.backoff = concurrency, timeout, max_retries, backoff
@@ -953,7 +957,8 @@ class OpenAIClient(LLMClient):
                     system_fingerprint=self.served["system_fingerprint"])
 
     def _cache_fingerprint(self) -> dict:
-        return dict(backend=self.backend, model=self.model)
+        fp = dict(backend=self.backend, model=self.model)
+        return fp if self.score_method == "topk" else dict(fp, score_method=self.score_method)
 
     def _sdk(self):
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0)
@@ -1061,10 +1066,51 @@ def _score_parse(self, r, resp, err=None) -> Continuations:
     lp, cens = _top_to_candidates({a.token: a.logprob for a in content[0].top_logprobs or []}, r["candidates"])
     return Continuations(lp, cens, getattr(resp.usage, "prompt_tokens", None))
 
+# %% ../nbs/00b_llm.ipynb #9c3e5d71
+def _echo_call(self, sdk, r):
+    msgs = r["messages"] + [{"role": "assistant", "content": r["prefix"] + r["candidate"]}]
+    return sdk.chat.completions.create(model=self.model, messages=msgs, max_tokens=1, temperature=0.0, extra_body={
+        "continue_final_message": True, "add_generation_prompt": False, "prompt_logprobs": 0})
+
+def _echo_parse(self, r, resp, err=None) -> float:
+    "log p of the candidate: the prompt's trailing tokens that spell it (whitespace after it skipped), summed."
+    if err is not None:
+        self._score_parse(r, None, err)
+    self.served.update(model=resp.model, system_fingerprint=getattr(resp, "system_fingerprint", None))
+    pl = getattr(resp, "prompt_logprobs", None) or (getattr(resp, "model_extra", None) or {}).get("prompt_logprobs")
+    if not pl:
+        raise LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) returned no prompt_logprobs: scoring by prompt "
+                                 "log-probabilities needs vLLM's server; use score_method='topk' or the local backend")
+    acc, total, want = "", 0.0, str(r["candidate"]).strip()
+    for entry in reversed(pl):
+        if not entry or len(entry) != 1:
+            break
+        (e,) = entry.values()
+        tok = e["decoded_token"] if isinstance(e, dict) else e.decoded_token
+        if not acc.strip() and not str(tok).strip():
+            continue                      # a template's trailing whitespace follows the candidate: not part of it
+        acc, total = str(tok) + acc, total + float(e["logprob"] if isinstance(e, dict) else e.logprob)
+        if acc.strip() == want:
+            return total
+        if len(acc.strip()) > len(want):
+            break
+    raise ValueError(f"server {self.base_url}: the prompt's last tokens {acc!r} do not spell the candidate {want!r}")
+
 def _openai_score(self, reqs: list[dict], on_done) -> list[Continuations]:
-    return self._map(reqs, self._score_call, self._score_parse, on_done)
+    if self.score_method == "topk":
+        return self._map(reqs, self._score_call, self._score_parse, on_done)
+    subs = [dict(r, candidate=c, i=i) for i, r in enumerate(reqs) for c in r["candidates"]]   # one request per candidate
+    vals = self._map(subs, self._echo_call, self._echo_parse, lambda j, v: None)
+    out, k = [], 0
+    for i, r in enumerate(reqs):
+        n = len(r["candidates"])
+        out.append(Continuations(np.asarray(vals[k:k + n], dtype=np.float64), np.zeros(n, bool), None))
+        k += n
+        on_done(i, out[-1])
+    return out
 
 OpenAIClient._score_call, OpenAIClient._score_parse, OpenAIClient._score = _score_call, _score_parse, _openai_score
+OpenAIClient._echo_call, OpenAIClient._echo_parse = _echo_call, _echo_parse
 
 # %% ../nbs/00b_llm.ipynb #5288aafc
 def _openai_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
