@@ -134,7 +134,8 @@ def association_requests(words: pd.DataFrame, languages: Sequence[str] = LANGUAG
     for lang in languages:
         d = its.copy()
         d.insert(0, "language", lang)
-        d["messages"] = [[{"role": "user", "content": association_prompt(text.loc[ids.split("|"), lang].tolist(), t, o, lang, template_set=ts)}]
+        d["messages"] = [[{"role": "user", "content": association_prompt(text.loc[ids.split("|"), lang].tolist(), t, o, lang,
+                                                                          template_set=ts)}]
                          for ids, t, o in zip(d.word_ids, d.template_id, d.labels_order)]
         d["template_set"] = ts
         d["template_sha256"] = [sha256_text(association_template(lang, t, ts)) for t in d.template_id]
