@@ -228,9 +228,11 @@ _SPLIT = re.compile(r"[,;|]|(?<=[a-z0-9\)])\.\s+")
 def _read_items(lines: list[str], keys: list[str]) -> tuple[dict[str, list[set[str]]], int]:
     "Every (word, label set) an answer states, line by line and item by item (rules above), and the invented words."
     found: dict[str, list[set[str]]] = {k: [] for k in keys}
-    n_invented, group = 0, None
+    n_invented, group, lone = 0, None, None
     for line in lines:
         items = [i for i in (_BULLET.sub("", x).strip() for x in _SPLIT.split(line)) if i]
+        if not items:
+            continue
         last, pending = None, []
         for k, item in enumerate(items):
             w = _match_word(item, keys)
@@ -256,7 +258,9 @@ def _read_items(lines: list[str], keys: list[str]) -> tuple[dict[str, list[set[s
                     group = _label_set(head.group(0)); found[w2].append(set(group)); last = None
                     continue
                 if _is_filler(after):
-                    if k == 0:
+                    if k == 0 and lone is not None and len(items) == 1 and ":" not in item:
+                        found[lone].append(labels)                          # "hope\ncisgender": word, then its label
+                    elif k == 0:
                         group = _label_set(head.group(0))                  # a header: "**Transgender:**"
                     elif last is not None:
                         found[last][-1] |= labels                         # "hope: cisgender, transgender"
@@ -266,6 +270,7 @@ def _read_items(lines: list[str], keys: list[str]) -> tuple[dict[str, list[set[s
                 continue
             if len(labels) == 1 and not head and len(_LABEL_RE.split(item)[0].split()) <= 4:
                 n_invented += 1                                            # a labelled word that was not shown
+        lone = pending[0] if len(items) == 1 and len(pending) == 1 and group is None else None
     return found, n_invented
 
 def parse_word_labels(response: str | None, shown_words: Sequence[str]) -> dict:
