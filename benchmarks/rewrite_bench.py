@@ -1,10 +1,14 @@
-"""Benchmark: the rule-based rewriting function g (triage_cf.rewrite) on 10,000 notes per language.
-Writes benchmarks/results/rewrite.json.
+"""Benchmark: the rewriting function g (triage_cf.rewrite) on 10,000 notes per language, the rules and, beside them,
+the spaCy analyser (issue 26). Writes benchmarks/results/rewrite.json.
 
     .venv/bin/python benchmarks/rewrite_bench.py [--n 10000] [--repeats 3] [--source auto|synth|pool]
+        [--batch-sizes 64,256,1000] [--analyser-repeats 1]
 
-Target: rule-based g handles 10,000 notes in < 10 s on the 2-core machine ("fast enough to
-be invisible"); the rules now add whole-word Appendix A matching, the his/her role from the following tokens and French
+Targets: rule-based g handles 10,000 notes in < 10 s on the 2-core machine ("fast enough to be invisible"); g on
+the analyser 10,000 notes within 60 s, parsed in batches (`nlp.pipe`) with the components g does not read excluded
+or disabled (`rewrite.ANALYSER_EXCLUDE`, `ANALYSER_DISABLE`). The analyser is timed as the pair stage calls it,
+`counterfactual_texts` (sex-specific check, g, validation), at each batch size, with the rules through the same
+call beside it (`analyser="none"`), and the pipeline's load time apart. The rules now add whole-word Appendix A matching, the his/her role from the following tokens and French
 agreement across a verb or at a distance, which the pool below also exercises.
 Notes come from the synthetic generator (triage_cf.synth.generate_raw, free-text fields) when it is importable
 (`--source auto|synth`), otherwise from a fixed pool of triage-note sentences below (`--source pool`), drawn with a
@@ -24,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from triage_cf.core import write_json
-from triage_cf.rewrite import SexSpecificContent, g, validate_rewrite
+from triage_cf.rewrite import SexSpecificContent, counterfactual_texts, g, load_analyser, rewriter_name, validate_rewrite
 
 POOL = {
     "en": ["{a} yo {s} presents with chest pain x2 days.", "{P} states {p} pain is 7/10, worse with exertion.",
@@ -90,7 +94,7 @@ def run(notes, lang, repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         for (text, _), tgt in zip(notes, targets):
             try:
-                out.append(g(text, tgt, lang))
+                out.append(g(text, tgt, lang, analyser="none"))     # the rules, one note at a time
             except SexSpecificContent:
                 out.append(None)
                 excluded += 1
@@ -108,12 +112,51 @@ def run(notes, lang, repeats):
             "meets_target_10k_under_10s": statistics.median(times) * 10_000 / len(notes) < 10.0}
 
 
+def run_analyser(notes, lang, batch_sizes, repeats):
+    "The pair stage's call (`counterfactual_texts`) on the rules and on the analyser at each batch size: seconds, notes/s."
+    texts, targets = [t for t, _ in notes], ["M" if s == "F" else "F" for _, s in notes]
+    t0 = time.perf_counter()
+    load_analyser.cache_clear()
+    nlp = load_analyser(lang)
+    load_s = time.perf_counter() - t0
+    if nlp is None:
+        return {"rewriter": rewriter_name(lang), "skipped": "no spaCy pipeline installed"}
+
+    def timed(analyser, bs, n_process=1):
+        wall, cpu = [], []
+        for _ in range(repeats):
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = counterfactual_texts(texts, targets, lang, analyser, batch_size=bs, n_process=n_process)
+            wall.append(time.perf_counter() - t0); cpu.append(time.process_time() - c0)
+        st = {k: sum(r.status == k for r in res) for k in ("ok", "excluded", "rejected")}
+        return res, {"seconds_median": statistics.median(wall), "seconds_all": wall, "cpu_seconds_median": statistics.median(cpu),
+                     "notes_per_second": len(texts) / statistics.median(wall), **{f"n_{k}": v for k, v in st.items()}}
+
+    rules_res, rules = timed("none", 256)
+    by_bs = {}
+    for bs in batch_sizes:
+        res, by_bs[str(bs)] = timed("spacy", bs)
+    best = min(by_bs, key=lambda b: by_bs[b]["seconds_median"])
+    res2, two = timed("spacy", int(best), n_process=2)          # nlp.pipe over the 2 cores (CPU time: the parent's only)
+    assert [r.text for r in res2] == [r.text for r in res], "n_process=2 rewrote differently"
+    sec10k = by_bs[best]["seconds_median"] * 10_000 / len(texts)
+    differ = sum(a.text != b.text for a, b in zip(rules_res, res))
+    return {"rewriter": rewriter_name(lang), "components_run": nlp.pipe_names, "load_seconds": load_s,
+            "rules_counterfactual_texts": rules, "analyser_by_batch_size": by_bs, "best_batch_size": int(best),
+            "analyser_best_batch_2_processes": two,
+            "analyser_seconds_per_10k": sec10k, "meets_target_10k_under_60s": sec10k < 60.0,
+            "analyser_over_rules_time_ratio": by_bs[best]["seconds_median"] / rules["seconds_median"],
+            "n_notes_rewritten_differently": differ}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--source", choices=["auto", "synth", "pool"], default="auto")
+    ap.add_argument("--batch-sizes", default="64,256,1000")
+    ap.add_argument("--analyser-repeats", type=int, default=1)
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
     results = {}
@@ -126,13 +169,21 @@ def main(argv=None):
         if notes is None:
             notes, source = pool_notes(lang, args.n, args.seed), "pool"
         results[lang] = {"source": source, **run(notes, lang, args.repeats)}
+        results[lang]["analyser"] = a = run_analyser(notes, lang, [int(b) for b in args.batch_sizes.split(",")],
+                                                     args.analyser_repeats)
+        if "skipped" not in a:
+            print(f"{lang}: {a['rewriter']}: best batch {a['best_batch_size']}: {a['analyser_seconds_per_10k']:.1f} s per 10,000 "
+                  f"notes ({a['analyser_over_rules_time_ratio']:.1f}x the rules through the same call); "
+                  f"{a['n_notes_rewritten_differently']} notes rewritten differently")
         r = results[lang]
         print(f"{lang}: {r['n_notes']} notes ({source}, {r['mean_chars']:.0f} chars) in {r['g_seconds_median']:.2f} s "
               f"({r['notes_per_second']:.0f}/s, {r['g_cpu_seconds_median']:.2f} s CPU); validation {r['validate_seconds']:.2f} s; "
               f"{r['n_excluded_sex_specific']} excluded, {r['n_validated_ok']} validated")
-    out = {"benchmark": "rewrite: rule-based g", "target": "10,000 notes < 10 s", "results": results,
+    out = {"benchmark": "rewrite: rule-based g and g on the spaCy analyser (issue 26)",
+           "target": "rules: 10,000 notes < 10 s; analyser: 10,000 notes < 60 s on 2 cores", "results": results,
            "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                       "loadavg_before": load0, "loadavg_after": os.getloadavg()}}
+                       "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+                       "note": "shared machine: other workers' jobs run beside it; CPU seconds are beside the wall seconds"}}
     path = Path(__file__).resolve().parent / "results" / "rewrite.json"
     write_json(path, out)
     print(f"wrote {path}")

