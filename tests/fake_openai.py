@@ -14,12 +14,30 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import socket
+import subprocess
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LEVELS = ("1", "2", "3", "4", "5")
+
+
+def free_port() -> int:
+    "A free TCP port on 127.0.0.1 (for the real servers the tests start)."
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process(proc, wait_s: float = 20) -> None:
+    "Terminate a server process the tests started; kill it if it has not ended within `wait_s`."
+    proc.terminate()
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def level_logprobs(text: str, levels=LEVELS) -> dict[str, float]:

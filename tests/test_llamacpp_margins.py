@@ -14,8 +14,6 @@ a segmentation fault in `llama_decode` on the first token of any request, on thi
 from __future__ import annotations
 
 import importlib.util
-import math
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +28,9 @@ from triage_cf.margins import decision_position, load_templates, make_vignettes
 from triage_cf.margins_probe import (MarginStore, ProbeSettings, analyse_answers, export_answers, make_tracer, measure,
                                      run_probes, table_outcomes)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_openai import free_port, stop_process  # noqa: E402  (the suite's helpers)
+
 if importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is not installed: pip install 'llama-cpp-python[server]==0.3.16' (builds llama.cpp from "
                 "source, ~2-5 min on 2 cores) to run the log-probability paths against a real server", allow_module_level=True)
@@ -40,16 +41,10 @@ JSON_PROMPTS = ['Copy this JSON exactly: {"esi": 2}', 'Copy this JSON exactly: {
                 'Write the JSON object {"esi": 1} and nothing else.']
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llamacpp(tmp_path_factory):
     "A llama.cpp server on a free port (its start time is printed); yields its base URL."
-    port, log = _free_port(), tmp_path_factory.mktemp("llamacpp") / "server.log"
+    port, log = free_port(), tmp_path_factory.mktemp("llamacpp") / "server.log"
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf_path()), "--host", "127.0.0.1",
@@ -72,11 +67,7 @@ def llamacpp(tmp_path_factory):
             [[{"role": "user", "content": p}] for p in JSON_PROMPTS], max_tokens=12)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 def _client(url, tmp_path):

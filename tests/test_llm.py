@@ -3,7 +3,6 @@ for the generation path, and the suite's one fake server (tests/fake_openai.py) 
 do (log-probabilities, injected failures, hangs)."""
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,10 @@ from triage_cf.llm import (AnswerCache, LLMCapabilityError, LocalClient, make_cl
                            tiny_tokenizer)
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_openai import FakeOpenAI, level_logprobs  # noqa: E402
+from fake_openai import FakeOpenAI, free_port, level_logprobs, stop_process  # noqa: E402
 
 CONVS = [[{"role": "system", "content": "You triage emergency patients."},
           {"role": "user", "content": f"A {40 + i} year old with chest pain. Level?"}] for i in range(4)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +39,7 @@ def tiny_folder(tmp_path_factory):
 def served(tiny_folder, tmp_path_factory):
     "A real `transformers serve` process on localhost serving the tiny model folder (CPU, offline)."
     exe = Path(sys.executable).with_name("transformers")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with open(log, "w") as fh:
@@ -66,11 +59,7 @@ def served(tiny_folder, tmp_path_factory):
                 time.sleep(1)
         yield url + "/v1", str(tiny_folder)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 def test_real_server_generate_equals_local_greedy(served):

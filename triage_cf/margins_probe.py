@@ -379,6 +379,20 @@ class ProbeRun:
     n_gate_fired: int
     wall_s: float
 
+def _store_results(store: MarginStore, results: list[dict], eid: str, cats: dict, template_sha256: str | None) -> tuple[int, int]:
+    "Insert per-vignette results (calls, variant and branch rows) as experiment `eid`; returns (calls, gate-fired variants)."
+    calls, var, br = (pd.DataFrame([c for r in results for c in r[k]]) for k in ("calls", "variants", "branches"))
+    for df in (calls, var, br):
+        if len(df):
+            df["experiment_id"] = eid
+    if len(calls) and template_sha256 is not None:
+        calls["template_sha256"] = template_sha256
+    if len(var):
+        var["category"] = var["vignette_id"].map(cats)
+        var["template_sha256"] = template_sha256
+    store.insert("calls", calls); store.insert("vignette_metrics", var); store.insert("branch_metrics", br)
+    return len(calls), int(var["gate_fired"].fillna(False).astype(bool).sum()) if "gate_fired" in var else 0
+
 def run_probes(client, vignettes: pd.DataFrame, st: ProbeSettings, tpl: Templates, store: MarginStore, tracer,
                meta: dict, concurrency: int = 1, template_name: str = "templates_v1.yaml", template_text: str = "",
                categories: str = "complaint_categories_v1.tsv", progress: bool = False) -> ProbeRun:
@@ -400,21 +414,9 @@ def run_probes(client, vignettes: pd.DataFrame, st: ProbeSettings, tpl: Template
             it = tqdm(it, total=len(futs), desc="vignettes")
         for f in it:
             results.append(f.result())
-    calls = pd.DataFrame([c for r in results for c in r["calls"]])
-    var = pd.DataFrame([c for r in results for c in r["variants"]])
-    br = pd.DataFrame([c for r in results for c in r["branches"]])
-    for df in (calls, var, br):
-        if len(df):
-            df["experiment_id"] = eid
-    if len(calls):
-        calls["template_sha256"] = tpl.sha256
-    if len(var):
-        var["category"] = var["vignette_id"].map(cats)
-        var["template_sha256"] = tpl.sha256
-    store.insert("calls", calls); store.insert("vignette_metrics", var); store.insert("branch_metrics", br)
-    n_fired = int(var["gate_fired"].fillna(False).astype(bool).sum()) if "gate_fired" in var else 0
+    n_calls, n_fired = _store_results(store, results, eid, cats, tpl.sha256)
     exp.set_attribute("n_vignettes", len(groups)); exp.set_attribute("n_gate_fired", n_fired); exp.end()
-    return ProbeRun(eid, len(groups), len(calls), n_fired, time.perf_counter() - t_start)
+    return ProbeRun(eid, len(groups), n_calls, n_fired, time.perf_counter() - t_start)
 
 # %% ../nbs/03d_margins_probe.ipynb #b54c82cc
 def _ci(values, clusters, n_boot, seed, prefix):
@@ -826,16 +828,6 @@ def analyse_answers(path: str | Path, st: ProbeSettings, store: MarginStore, met
     eid = meta["experiment_id"]
     store.begin_experiment(meta, str(path), "", "answers")
     cats = {d["vignette_id"]: d["category"] for d in lines if d["branch"] == ""}
-    calls = pd.DataFrame([c for r in results for c in r["calls"]])
-    var = pd.DataFrame([c for r in results for c in r["variants"]])
-    br = pd.DataFrame([c for r in results for c in r["branches"]])
-    for df in (calls, var, br):
-        if len(df):
-            df["experiment_id"] = eid
-    if len(var):
-        var["category"] = var["vignette_id"].map(cats)
-        tsha = {d["template_sha256"] for d in lines if d["template_sha256"]}
-        var["template_sha256"] = tsha.pop() if tsha else None
-    store.insert("calls", calls); store.insert("vignette_metrics", var); store.insert("branch_metrics", br)
-    n_fired = int(var["gate_fired"].fillna(False).astype(bool).sum()) if "gate_fired" in var else 0
-    return ProbeRun(eid, len(groups), len(calls), n_fired, time.perf_counter() - t0)
+    tsha = {d["template_sha256"] for d in lines if d["template_sha256"]}
+    n_calls, n_fired = _store_results(store, results, eid, cats, tsha.pop() if tsha else None)
+    return ProbeRun(eid, len(groups), n_calls, n_fired, time.perf_counter() - t0)
