@@ -418,3 +418,31 @@ def test_gap_undefined_because_nothing_degraded_is_named_so(tmp_path):
     assert (s["n_no_degradation"], s["n_incomplete_triad"]) == (6, 0)
     out = table_outcomes(vm, bm, calls)
     assert out[(out.scope == "gap")].set_index("outcome")["n"].to_dict() == {"no_degradation": 6}
+
+
+def test_reason_mode_local_backend_scores_after_the_models_own_text():
+    "Generate-then-score on the local backend: each answer's own prefix is scored; with no reasoning written it is the answer prefix."
+    from triage_cf.llm import LocalClient, tiny_causal_lm, tiny_tokenizer
+    from triage_cf.margins_probe import measure, reasoned_prefix
+    prompts = ["Chest pain, HR 120.", "Headache, HR 80.", "Fall, HR 95."]
+    tok = tiny_tokenizer(prompts * 10 + ['<think> x </think> {"esi": 1 2 3 4 5}'] * 10, vocab_size=300)
+    client = LocalClient((tiny_causal_lm("llama", tok, seed=1), tok))
+    reason, _, _ = measure(client, prompts, ProbeSettings(ESI, mode="reason", max_tokens=6), '{"esi": ')
+    score, _, _ = measure(client, prompts, ProbeSettings(ESI, mode="score", max_tokens=6), '{"esi": ')
+    for p, r, s in zip(prompts, reason, score):
+        pre = reasoned_prefix(r["text"], "esi", '{"esi": ')
+        conv = [{"role": "user", "content": p}]
+        want = client.score_continuations([conv], pre, [str(l) for l in ESI["levels"]])[0].logprobs if pre is not None else None
+        if pre is None:
+            assert r["outcome"] == "truncated_reasoning" and math.isnan(r["delta_m"])
+        else:
+            assert np.allclose(r["lp"], want)                              # scored after the model's own text
+            if pre == '{"esi": ':
+                assert np.allclose(r["lp"], s["lp"])                       # no reasoning written: the score mode's levels
+    # one prefix per conversation (the layer's list form) scores each conversation after its own prefix
+    convs, levels = [[{"role": "user", "content": p}] for p in prompts], [str(l) for l in ESI["levels"]]
+    pres = ['{"esi": ', '<think> x </think>\n\n{"esi": ', '{"esi": ']
+    many = client.score_continuations(convs, pres, levels)
+    for c, p, m in zip(convs, pres, many):
+        assert np.allclose(m.logprobs, client.score_continuations([c], p, levels)[0].logprobs)
+    assert not np.allclose(many[1].logprobs, client.score_continuations(convs[1:2], '{"esi": ', levels)[0].logprobs)
