@@ -14,7 +14,7 @@ import pandera.pandas as pa
 from .core import VIEWS, read_parquet, write_parquet, write_table
 from .data import SEX_CODES, validate_frame
 from .emulator import stratified_subsample
-from .rewrite import counterfactual_text, tokenize
+from .rewrite import counterfactual_texts, tokenize
 from .rewrite_llm import LLM_FIELDS
 
 # %% auto #0
@@ -56,11 +56,13 @@ def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "p
 # %% ../nbs/05_counterfactuals.ipynb #c8afbf7a
 _FLIP = {"F": "M", "M": "F"}
 
-def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: str = "rules", rewriter=None) -> pd.DataFrame:
+def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: str = "rules", rewriter=None,
+                analyser: str = "auto") -> pd.DataFrame:
     """One row per test record: the record, `cf_sex` = the other sex, `cf_<field>` = g(field; cf_sex) for every text
     field, `status` (ok / excluded / rejected / unparsed) and `reason`. `in_pairs` marks the pair set $\\mathcal{I}$.
     `method="llm"`: the fields of `LLM_FIELDS` go through the few-shot LLM g (`rewriter`, an `LLMRewriter`), one
-    call per record; the other text fields through the rules."""
+    call per record; the other text fields through the deterministic g, on the spaCy analyser where installed
+    (`analyser`: auto | spacy | none, `triage_cf.rewrite.analyser_for`), the notes of a field parsed in batches."""
     bad = int((~test["sex"].isin(["F", "M"])).sum())
     if bad:
         raise ValueError(f"build_pairs: {bad} test record(s) without a recorded sex F/M (the cohort stage removes them)")
@@ -78,7 +80,7 @@ def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: s
         if f in llm_fields:
             res = [r[f] for r in llm_res]
         else:
-            res = [counterfactual_text(None if pd.isna(v) else v, cf, lang) for v, cf in zip(test[f], out["cf_sex"])]
+            res = counterfactual_texts([None if pd.isna(v) else v for v in test[f]], out["cf_sex"].tolist(), lang, analyser)
         out[f"cf_{f}"] = pd.Series([r.text for r in res], index=test.index, dtype=object)
         for i, r in zip(test.index, res):
             if r.status in ("excluded", "rejected", "unparsed") and status[i] == "ok":
