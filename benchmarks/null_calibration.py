@@ -49,7 +49,7 @@ RESULT = REPO / "benchmarks" / "results" / "null_calibration.json"
 CACHE = Path(os.environ.get("NULL_CALIBRATION_CACHE", "/tmp/null_calibration_cache"))
 DATASETS = ("synth-en", "synth-fr")
 PROFILE = "default"
-VERSION = 2   # bump when what shapes an audit's result changes (cached audits of another version are not read)
+VERSION = 3   # bump when what shapes an audit's result changes (cached audits of another version are not read)
 
 
 # ------------------------------------------------------------------ one cohort, the chain's way
@@ -96,14 +96,23 @@ def fit_and_score(texts_train, y_train, d: dict, seed: int, best_params: dict | 
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)   # the small CV share may hold a level of < 3 records
-            rf, rep = fit_rf_tfidf(texts_train, y_train, levels, seed=seed, search_frac=0.1,
+            rf, rep = fit_rf_tfidf(texts_train, y_train, levels, seed=seed, search_frac=0.03, cv=2,
                                    param_grid={k: [v] for k, v in best_params.items()})
     t2 = d["table2_test"]
     test_pred = pd.concat([pd.DataFrame({"record_id": t2["record_id"].to_numpy(), "view": "full",
                                          "triage_level": t2["triage_level"].astype(int).to_numpy()}),
                            proba_frame(proba_by_level(rf, record_texts(t2, "full", lang, text_fields=tf), levels), levels)],
                           axis=1)
-    pair_pred = text_model_pair_predictions(lambda t: proba_by_level(rf, t, levels), d["pairs"], tf, levels, lang)
+    if "pair_texts" not in d:   # the rendered pair texts are the same for every model: render them once per audit
+        got = []
+        frame = text_model_pair_predictions(lambda t: (got.append(list(t)), proba_by_level(rf, t, levels))[1],
+                                            d["pairs"], tf, levels, lang)
+        d["pair_texts"], d["pair_keys"] = got, frame[["pair_id", "record_id", "view", "side"]]
+        return test_pred, frame, rep["best_params"]
+    n = [len(t) for t in d["pair_texts"]]
+    P = proba_by_level(rf, [x for t in d["pair_texts"] for x in t], levels)   # the same rows, in the same order
+    pair_pred = pd.concat([d["pair_keys"], proba_frame(P, levels)], axis=1)
+    assert len(pair_pred) == sum(n)
     return test_pred, pair_pred, rep["best_params"]
 
 
@@ -206,6 +215,7 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
                n_train=len(train), n_test=len(d["test"]), n_fitness_test=len(d["table2_test"]), n_pairs=len(d["ok"]),
                n_boot=n_boot, kappa_w=float(f.kappa_w), kappa_ci=[float(f.ci_low), float(f.ci_high)],
                fit_for_audit=bool(f.fit_for_audit), fitness_reason=str(f.fitness_reason),
+               package=package_version(), rewriter=_rewriter_name(lang),
                search_nulls=bool(search_nulls), rf_params={k: str(v) for k, v in best.items()},
                permutation_counts=counts[:1], checks=checks, wall_s=round(time.perf_counter() - t0, 1))
     tmp = out.with_suffix(".tmp")
@@ -214,13 +224,32 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
     return res
 
 
+def package_version() -> str:
+    "Where triage_cf is imported from and, for a pinned snapshot (`git archive` into a folder with COMMIT), its commit."
+    import triage_cf
+    root = Path(triage_cf.__file__).resolve().parents[1]
+    commit = (root / "COMMIT").read_text().strip() if (root / "COMMIT").exists() else "working tree"
+    return f"{root} ({commit})"
+
+
+def _rewriter_name(lang: str) -> str:
+    try:
+        from triage_cf.rewrite import rewriter_name
+        return rewriter_name(lang)
+    except ImportError:
+        return "rules"
+
+
 # ------------------------------------------------------------------ the study
-def task_list(null_seeds: int, planted_seeds: int, scales, datasets=DATASETS, first_seed: int = 1) -> list[tuple]:
-    "Nothing planted first (languages interleaved), then the planted scales from the largest."
-    tasks = [(ds, 0.0, first_seed + i) for i in range(null_seeds) for ds in datasets]
-    tasks += [(ds, float(s), first_seed + i) for s in sorted(scales, reverse=True) for i in range(planted_seeds)
-              for ds in datasets]
-    return tasks
+def task_list(null_seeds: int, planted_seeds: int, scales, datasets=DATASETS, first_seed: int = 1,
+              early: int = 2) -> list[tuple]:
+    """Nothing planted first (languages interleaved), then the planted scales from the largest; the planted audits
+    of the first seed come after the first `early` nothing-planted audits, so that a partial run holds every arm."""
+    null = [(ds, 0.0, first_seed + i) for i in range(null_seeds) for ds in datasets]
+    planted = [(ds, float(s), first_seed + i) for i in range(planted_seeds) for s in sorted(scales, reverse=True)
+               for ds in datasets]
+    first = [t for t in planted if t[2] == first_seed]
+    return null[:early] + first + null[early:] + [t for t in planted if t[2] != first_seed]
 
 
 def cmd_run(a) -> None:
@@ -388,6 +417,8 @@ def cmd_summarise(a) -> None:
                       for ds in a.datasets},
                audit_cpu_s=dict(median=float(np.median([r["wall_s"] for r in results])),
                                 total=float(np.sum([r["wall_s"] for r in results]))),
+               package=sorted({r.get("package", "") for r in results}),
+               rewriter=sorted({f"{r['dataset']}: {r.get('rewriter', '')}" for r in results}),
                machine=dict(python=platform.python_version(), cpus=os.cpu_count(), load_average=list(os.getloadavg())),
                arms=arms, null_t_diagnostics=null_diagnostics(results), markdown=markdown(arms, a.K))
     if getattr(a, "wall_s", None):
