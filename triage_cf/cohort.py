@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .rewrite import LANGS, sex_specific_matches, sex_specific_terms
+
 # %% auto #0
-__all__ = ['COHORT_RULES', 'load_terms', 'term_hits', 'class_match', 'expand_rules', 'CohortResult', 'apply_cohort',
-           'check_cohort', 'cohort_flow_figure']
+__all__ = ['COHORT_RULES', 'load_terms', 'term_hits', 'class_match', 'term_word_hits', 'expand_rules', 'CohortResult',
+           'apply_cohort', 'check_cohort', 'cohort_flow_figure']
 
 # %% ../nbs/02_cohort.ipynb #b20a78de
 def load_terms(name: str | Path) -> list[str]:
@@ -80,12 +82,39 @@ def _rule_sex_specific_cc(df, cfg):
     return class_match(df[field], classes), f"sex-specific chief-complaint class ({field})", {}
 
 # %% ../nbs/02_cohort.ipynb #2725bf27
+def _appendix_lang(terms: list[str], cfg: dict) -> str | None:
+    "The language whose Appendix A list (`triage_cf.rewrite.sex_specific_terms`) `terms` is (or `cfg['lang']`), else None."
+    if cfg.get("lang"):
+        return cfg["lang"]
+    key = [unicodedata.normalize("NFC", t).lower() for t in terms]
+    return next((lang for lang in LANGS if list(sex_specific_terms(lang)) == key), None)
+
+def term_word_hits(texts: pd.Series, terms: list[str], lang: str) -> pd.DataFrame:
+    """Boolean frame (rows x terms) like `term_hits`, matching each Appendix A term's word forms as whole words with the
+    matcher and tokenizer of g (`triage_cf.rewrite.sex_specific_matches`): *chuter* does not hold *uter*."""
+    key = {unicodedata.normalize("NFC", t).lower(): t for t in terms}
+    hit = texts.map(lambda x: set(sex_specific_matches(x, lang)) if isinstance(x, str) else set())
+    return pd.DataFrame({key[k]: hit.map(lambda s, k=k: k in s).astype(bool) for k in key}, index=texts.index)
+
 def _rule_term_exclusion(df, cfg):
-    fields, terms = list(cfg["fields"]), load_terms(cfg["terms"])
-    hits = pd.DataFrame(False, index=df.index, columns=terms)
+    "Records with an Appendix A term; `match`: words (default, the matcher of g) | substring (the paper's Table 4 as written)."
+    fields, terms, match = list(cfg["fields"]), load_terms(cfg["terms"]), cfg.get("match", "words")
+    if match not in ("words", "substring"):
+        raise ValueError(f"term_exclusion: match must be words or substring, got {match!r}")
+    lang = _appendix_lang(terms, cfg)
+    if lang is None and match == "words":
+        raise ValueError(f"term_exclusion: {cfg['terms']} is not the Appendix A list of a language g knows; set match: substring (or lang:)")
+    sub = pd.DataFrame(False, index=df.index, columns=terms)
+    words = pd.DataFrame(False, index=df.index, columns=terms) if lang else None
     for f in fields:
-        hits |= term_hits(df[f], terms)
-    return hits.any(axis=1), f"sex-specific term in {', '.join(fields)} ({cfg['terms']})", hits.sum().astype(int).to_dict()
+        sub |= term_hits(df[f], terms)
+        if lang:
+            words |= term_word_hits(df[f], terms, lang)
+    hits = words if match == "words" else sub
+    counts = {t: {"n_records": int(hits[t].sum()), "n_records_words": int(words[t].sum()) if lang else None,
+                  "n_records_substring": int(sub[t].sum())} for t in terms}
+    how = "whole words, as g matches them" if match == "words" else "substrings"
+    return hits.any(axis=1), f"sex-specific term ({how}) in {', '.join(fields)} ({cfg['terms']})", counts
 
 # %% ../nbs/02_cohort.ipynb #1cecd0ca
 def _rule_exclude_levels(df, cfg):
@@ -131,7 +160,8 @@ class CohortResult:
     cohort: pd.DataFrame        # records kept
     exclusions: pd.DataFrame    # record_id, rule (the step that removed it)
     flow: pd.DataFrame          # step, rule, description, n_in, n_removed, n_out
-    term_counts: pd.DataFrame   # rule, term, n_records (records entering the step that contain the term)
+    term_counts: pd.DataFrame   # rule, term, n_records (records entering the step that contain the term, by the step's
+                                # matcher), n_records_words (whole words, as g), n_records_substring (the paper's substrings)
 
 def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None = None) -> CohortResult:
     """Apply the cohort `rules` in order to the canonical `records`.
@@ -153,14 +183,15 @@ def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None
         remove = remove.reindex(df.index).fillna(False).astype(bool)
         flow.append((s["name"], desc, len(df), int(remove.sum()), int((~remove).sum())))
         excl.append(pd.DataFrame({"record_id": df.loc[remove, "record_id"].astype("string"), "rule": s["name"]}))
-        terms += [(s["name"], t, int(n)) for t, n in tc.items()]
+        terms += [(s["name"], t, *((n["n_records"], n["n_records_words"], n["n_records_substring"]) if isinstance(n, dict) else (int(n), None, None)))
+                  for t, n in tc.items()]
         df = df[~remove]
     flow_df = pd.DataFrame(flow, columns=["rule", "description", "n_in", "n_removed", "n_out"])
     flow_df.insert(0, "step", range(len(flow_df)))
     exclusions = (pd.concat(excl, ignore_index=True) if excl else pd.DataFrame({"record_id": [], "rule": []}))
     exclusions = exclusions.astype({"record_id": "string", "rule": "string"}).reset_index(drop=True)
     res = CohortResult(df.reset_index(drop=True), exclusions, flow_df,
-                       pd.DataFrame(terms, columns=["rule", "term", "n_records"]))
+                       pd.DataFrame(terms, columns=["rule", "term", "n_records", "n_records_words", "n_records_substring"]))
     check_cohort(records, res, rows_read)
     return res
 

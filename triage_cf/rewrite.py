@@ -22,9 +22,9 @@ from .core import read_yaml
 # %% auto #0
 __all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE', 'ANALYSER_DISABLE', 'METHODS', 'Lexicon',
            'load_lexicon', 'Tok', 'tokenize', 'sex_specific_terms', 'sex_specific_forms', 'sex_specific_match',
-           'is_sex_specific', 'load_analyser', 'analyser_for', 'rewriter_name', 'inflect_fr', 'rewrite_analysed',
-           'SexSpecificContent', 'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'counterfactual_text',
-           'counterfactual_texts']
+           'is_sex_specific', 'sex_specific_matches', 'load_analyser', 'analyser_for', 'rewriter_name', 'inflect_fr',
+           'rewrite_analysed', 'SexSpecificContent', 'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult',
+           'counterfactual_text', 'counterfactual_texts']
 
 # %% ../nbs/05a_rewrite.ipynb #a7a1cd19
 LANGS = ("en", "fr")
@@ -854,6 +854,21 @@ def is_sex_specific(text: str, lang: str) -> bool:
     "Does `text` hold inherently sex-specific content (Appendix A terms)? Such records are excluded, never rewritten."
     return sex_specific_match(text, lang) is not None
 
+
+# %% ../nbs/05a_rewrite.ipynb #4713aca2
+def sex_specific_matches(text: str, lang: str) -> list[str]:
+    """Every Appendix A term with a word form in `text`, in file order (the matcher of `sex_specific_match`: whole
+    words, case-insensitive, NFC, `not_sex_specific` phrases removed first). The cohort stage counts with it."""
+    forms, _ = sex_specific_forms(lang)
+    _, _, not_specific = _sex_specific_regex(lang)
+    low = _norm(text)
+    if not_specific is not None:
+        low = not_specific.sub(lambda m: " " * len(m.group()), low)
+    return [t for t in sex_specific_terms(lang) if _term_pattern(lang, t).search(low)]
+
+@lru_cache(maxsize=None)
+def _term_pattern(lang: str, term: str) -> re.Pattern:
+    return _form_pattern(sex_specific_forms(lang)[0][term])
 
 # %% ../nbs/05a_rewrite.ipynb #6c212f75
 ANALYSERS = ("auto", "spacy", "none")
