@@ -149,6 +149,7 @@ def allocation_template_sha256(t: dict) -> str:
                                    "symptom_field": t["symptom_field"]},
                                   ensure_ascii=False, sort_keys=True))
 
+# %% ../nbs/03b_tbias_allocation.ipynb #c4f0a2b7
 def _person(pt: dict, position: int, t: dict, symptom: str | None) -> str:
     lay, lang = t["layout"], t["language"]
     sex, ident = lay["sex_words"][lang][pt["sex_at_birth"]], lay["identity_words"][lang][pt["identity"]]

@@ -308,6 +308,7 @@ def read_corpus(path: str | Path, required: set[str]) -> list[tuple[int, dict]]:
         out.append((n, r))
     return out
 
+# %% ../nbs/03a_tbias_words.ipynb #e6b2c4d9
 def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
     """The word-association answer corpus (`resources/tbias/answers_word_association.jsonl`; one JSON answer per line:
     `id, language, format, words, response, expected` {word: cis|trans|invalid}, `expected_invented`, `source`), each
