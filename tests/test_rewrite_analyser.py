@@ -64,6 +64,12 @@ def test_rule_cases_hold_on_the_analyser(lang, cases):
     assert [(c[1], o) for c, o in zip(cases, got) if o != c[2]] == []
 
 
+@pytest.mark.parametrize("lang,cases", [("en", EN_CASES), ("fr", FR_CASES)])
+def test_rule_cases_hold_on_the_rules_alone(lang, cases):
+    "The fallback (no pipeline installed, or analyser='none') is today's rules, unchanged."
+    assert [(c[1], o) for c in cases if (o := g(c[1], c[0], lang, analyser="none")) != c[2]] == []
+
+
 def test_the_issue_examples():
     _needs("fr")
     assert g("Mme Dupont, âgée de 80 ans, chute à domicile, retrouvée au sol par son voisin", "M", "fr") == \
