@@ -14,11 +14,18 @@ figures and DuckDB rows; a malformed line is refused with its line number.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import sys
 import time
+from pathlib import Path
+
+import pandas as pd
 
 from .chain import StageFailed, reproduce
-from .core import run_dir_for
+from .core import run_dir_for, sha256_file, write_table
+from .data import load_manifest
+from .margins_probe import MarginStore, ProbeSettings, analyse_answers, write_margin_outputs
 
 #: Stage parameters set by the command's options.
 OPTION_PARAMS = {"backend": "pm_backend", "model": "pm_model", "base_url": "pm_base_url"}
@@ -72,7 +79,6 @@ def register(subparsers) -> None:
 def _scale_from(args) -> dict:
     "The triage scale: the dataset manifest's (`--dataset`), else `--scale-name`, `--levels`, `--most-severe`."
     if args.dataset:
-        from .data import load_manifest
         return load_manifest(args.dataset)["triage_scale"]
     try:
         levels = [int(x) for x in str(args.levels).split(",") if x.strip()]
@@ -84,14 +90,6 @@ def _scale_from(args) -> dict:
 
 
 def _cmd_margins(args) -> int:
-    import datetime as dt
-    import json
-    from pathlib import Path
-
-    import pandas as pd
-
-    from .core import sha256_file, write_table
-    from .margins_probe import MarginStore, ProbeSettings, analyse_answers, write_margin_outputs
     answers, out = Path(args.answers), Path(args.out)
     if not answers.is_file():
         print(f"error: answers file {answers} not found", file=sys.stderr)

@@ -27,7 +27,7 @@ from opentelemetry.sdk.resources import Resource as OtelResource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-from .core import sha256_text
+from .core import save_figure, sha256_text, write_table
 from .llm import LLMCapabilityError, split_reasoning
 from .margins import (BASELINE, BRANCHES, DISTRACTORS, LABELLED, VARIANTS, VITAL_FIELDS, Templates, answer_key,
                                answer_prefix, answer_tokens, branch_prompt, cluster_bootstrap_mean, complaint_categories, crr,
@@ -621,7 +621,6 @@ def figure_gate_rate(gate_table: pd.DataFrame):
 def write_margin_outputs(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame, scale: dict, tables: Path, figures: Path,
                          threshold: float = 1.0, n_boot: int = 1000, seed: int = 0, budget: str = "none", model: str = "model") -> dict:
     "Write the analysis tables `margins_*.csv` and figures `margins_*.png`; returns the tables by name."
-    from triage_cf.core import save_figure, write_table
     bm_cat = bm.merge(vm[["vignette_id", "variant", "category"]], on=["vignette_id", "variant"], how="left")
     fired = vm[vm["gate_fired"].fillna(False).astype(bool)]
     t = {"margins_delta_m_by_variant": table_delta_m(vm, threshold, n_boot, seed), "margins_gate_by_variant": table_gate(vm, n_boot, seed),
