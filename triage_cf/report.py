@@ -894,9 +894,10 @@ def section_instrument(rt: RunTables, sec_id: str, title: str, prefixes: tuple[s
 # %% ../nbs/09_report.ipynb #f947f620
 APPENDIX_LAYOUT = [
     ("data_quality", [], "Data quality: rows read and kept, missing and invalid values per column."),
-    ("exclusion_terms", [], "Exclusion terms (as the paper's Tables 4-5): records matched by each sex-specific term."),
+    ("exclusion_terms", [], "Exclusion terms (as the paper's Tables 4-5): records matched by each sex-specific term, as whole words with g's matcher (n_records_words, the rule applied) and as the paper's substrings (n_records_substring)."),
     ("counterfactual_flow", [], "Counterfactual flow: pairs built, by rewrite status and original sex."),
     ("counterfactual_quality", [], "Counterfactual quality: the rewriter against the exact other-sex rendering."),
+    ("counterfactual_rewriter", [], "Which deterministic g rewrote the notes (the spaCy analyser or the hand rules)."),
     ("counterfactual_llm", [], "Counterfactual rewriting by LLM: calls and outcomes."),
     ("split_balance", [], "Split balance: triage levels in the training and test splits."),
     ("ft_training", [], "Training curve of the FT emulator: loss and validation accuracy per epoch."),
