@@ -352,7 +352,12 @@ def null_diagnostics(results: list[dict]) -> dict:
     if not fit:
         return {}
     K = fit[0]["K"]
-    rows = {}
+    P = np.array([c["p"] for r in fit for c in r["checks"]], dtype=float)
+    P = P[np.isfinite(P)]
+    rows = {"all_checks": dict(n=int(len(P)), p_mean=float(P.mean()), share_p_below_0_1=float((P < 0.1).mean()),
+                               share_p_below_0_2=float((P < 0.2).mean()), share_p_above_0_8=float((P > 0.8).mean()),
+                               note="uniform p (mean 0.5, shares 0.1 / 0.2 / 0.2) if the real RF is exchangeable with its "
+                                    "null RFs and the predictive t holds; checks of one audit are correlated")}
     for c0 in fit[0]["checks"]:
         name = f"{c0['condition']}/{c0['metric']}"
         cs = [next(c for c in r["checks"] if c["condition"] == c0["condition"] and c["metric"] == c0["metric"]) for r in fit]
