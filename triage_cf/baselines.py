@@ -207,9 +207,11 @@ def _stratify_ok(y: np.ndarray, n_test: int) -> bool:
     return counts.min() >= 2 and len(counts) <= min(n_test, len(y) - n_test)
 
 def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int], seed: int = 42,
-                 search_frac: float = 0.5, param_grid: Mapping | None = None, cv: int = 3, n_jobs: int = 1):
+                 search_frac: float = 0.5, param_grid: Mapping | None = None, cv: int = 3, n_jobs: int = 1,
+                 fixed_params: Mapping | None = None):
     """(TF-IDF + random forest pipeline refitted on all of `texts`, search report) with hyperparameters chosen by
-    `cv`-fold CV ($\\kappa_w$) on a stratified `search_frac` sub-partition of the training texts."""
+    `cv`-fold CV ($\\kappa_w$) on a stratified `search_frac` sub-partition of the training texts, or `fixed_params`
+    (no search: a null emulator trained with the real model's hyperparameters)."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.metrics import cohen_kappa_score, make_scorer
@@ -223,6 +225,10 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
         raise ValueError(f"search_frac must be in (0, 1], got {search_frac}")
     pipe = Pipeline([("tfidf", TfidfVectorizer(sublinear_tf=True, min_df=1)),
                      ("rf", RandomForestClassifier(random_state=seed, n_jobs=n_jobs))])
+    if fixed_params is not None:
+        best = pipe.set_params(**dict(fixed_params)).fit(texts, y)
+        return best, dict(best_params=dict(fixed_params), best_cv_kappa_w=float("nan"), n_search=0, n_train=int(len(texts)),
+                          cv=0, search_frac=0.0, cv_results=pd.DataFrame(columns=["params", "mean_kappa_w", "std_kappa_w", "rank"]))
     idx = np.arange(len(texts))
     if search_frac < 1:
         n_search = int(round(search_frac * len(idx)))

@@ -21,15 +21,16 @@ from .core import VIEWS, atomic_write_text
 
 # %% auto #0
 __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'TABLE3_COLUMNS',
-           'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'NATIONAL_ED_VISITS',
-           'PRETRAINING_METRICS', 'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK',
-           'PERMUTATION_COLUMNS', 'HEADLINE_METRICS', 'pdr', 'p_up', 'p_down', 'dts', 'nats_up', 'nats_down', 'nmdf',
-           'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs', 'table3', 'format_table3',
-           'kappa_w_ci', 'fitness_verdict', 'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2',
-           'or_table_from_counts', 'or_by_level', 'impact_table', 'paired_comparison', 'pretraining_comparison',
-           'exceeds_null', 'null_comparison', 'add_null_columns', 'null_false_positive', 'mde', 'null_test',
-           'training_ci', 'permutation_test', 'figure3_forest', 'figure4_audited_models', 'read_pairs_csv',
-           'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
+           'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'PRETRAINING_METRICS',
+           'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'PERMUTATION_COLUMNS', 'TEST_COLUMNS',
+           'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'HEADLINE_METRICS', 'pdr', 'p_up', 'p_down', 'dts',
+           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs',
+           'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict', 'fitness_table', 'add_fitness',
+           'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level', 'paired_comparison',
+           'pretraining_comparison', 'exceeds_null', 'null_comparison', 'add_null_columns', 'null_false_positive',
+           'mde', 'null_test', 'training_ci', 'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table',
+           'figure3_forest', 'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics',
+           'metrics_from_csv']
 
 # %% ../nbs/07_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -454,49 +455,6 @@ def or_by_level(pairs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
                      "cf_ge_orig_M": n_m - lt_m, "cf_lt_orig_F": lt_f, "cf_ge_orig_F": n_f - lt_f})
     return or_table_from_counts(_sort_levels(pd.DataFrame(rows)), confidence)
 
-# %% ../nbs/07_metrics.ipynb #4c4edfa1
-#: Annual ED visits used in the paper's Discussion.
-NATIONAL_ED_VISITS = {"France": 20.9e6, "United States": 155.4e6}
-
-def impact_table(t3: pd.DataFrame, volumes: Mapping[str, float] | None = None, female_share: float = 0.5,
-                 conditions: Iterable[str] | None = ("full",)) -> pd.DataFrame:
-    """Yearly number of visits by women that get the higher (less severe) score because of the skew:
-    `female_skew` (and its CI) × annual ED visits × `female_share`, per country and (model, condition)."""
-    volumes = dict(NATIONAL_ED_VISITS if volumes is None else volumes)
-    fs = t3[t3.metric == "female_skew"]
-    if conditions is not None:
-        fs = fs[fs.condition.isin(list(conditions))]
-    rows = []
-    for _, r in fs.iterrows():
-        ok, remark = _impact_reportable(r)
-        for country, v in volumes.items():
-            k = v * female_share if ok else np.nan
-            rows.append({"model": r.model, "condition": r.condition, "country": country, "annual_ed_visits": v,
-                         "female_share": female_share, "female_skew": r.estimate, "female_skew_ci_low": r.ci_low,
-                         "female_skew_ci_high": r.ci_high, "visits_per_year": k * r.estimate,
-                         "visits_ci_low": k * r.ci_low, "visits_ci_high": k * r.ci_high, "reportable": ok, "remark": remark})
-    return pd.DataFrame(rows)
-
-def _impact_reportable(r) -> tuple[bool, str]:
-    "(reportable, remark) of one female_skew row of a table3 (fitness and null columns used when present)."
-    if not (np.isfinite(r.ci_low) and np.isfinite(r.ci_high)) or (r.ci_low <= 0 <= r.ci_high):
-        return False, "the female skew's CI includes 0: no skew to scale"
-    if r.model in REFERENCE_MODELS:
-        return True, "the planted truth of a synthetic cohort"
-    fit = r.get("fit_for_audit", pd.NA)
-    if fit is pd.NA or (isinstance(fit, float) and np.isnan(fit)):
-        remark = "no fitness verdict given"
-    elif not bool(fit):
-        return False, "model not fit for audit: " + str(r.get("fitness_reason", ""))
-    else:
-        remark = "fit for audit"
-    ex = r.get("exceeds_null", pd.NA)
-    if ex is pd.NA or (isinstance(ex, float) and np.isnan(ex)):
-        return True, remark + "; no null control for this model"
-    if not bool(ex):
-        return False, "the skew does not exceed the null control (permuted-sex twin)"
-    return True, remark + "; exceeds the null control"
-
 # %% ../nbs/07_metrics.ipynb #ca3fcded
 PRETRAINING_METRICS = ("NATS_up", "NATS_down")
 
@@ -749,6 +707,127 @@ def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.
                              **{k: v for k, v in t.items() if k in PERMUTATION_COLUMNS}))
     return _decide(pd.DataFrame(rows), alpha)[PERMUTATION_COLUMNS]
 
+# %% ../nbs/07_metrics.ipynb #a8c4e2d9
+#: What `add_test_columns` adds to Table 3 (`train_ci_*`: the test's training-and-pairs CI).
+TEST_COLUMNS = ["check", "train_ci_low", "train_ci_high", "n_null", "null_median", "null_q025", "null_q975", "p", "q",
+                "finding", "mde", "test"]
+UNTESTED = "untested: fewer than 2 null emulators"
+
+def add_test_columns(t3: pd.DataFrame, pt: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Table 3 with `permutation_test`'s result beside each tested (model, condition, metric) row; NA elsewhere, where
+    `test` says why (`UNTESTED`; the reference; '' for a metric outside `TESTED_METRICS`)."""
+    keys = ["model", "condition", "metric"]
+    out = t3.drop(columns=[c for c in TEST_COLUMNS if c in t3.columns])
+    if pt is not None and len(pt):
+        right = pt.rename(columns={"ci_low": "train_ci_low", "ci_high": "train_ci_high", "p_method": "test"})
+        out = out.merge(right[keys + TEST_COLUMNS], on=keys, how="left", validate="one_to_one")
+    else:
+        out = out.assign(**{c: np.nan for c in TEST_COLUMNS})
+    tested = set() if pt is None else set(pt.model)
+    why = np.select([out.model.isin(REFERENCE_MODELS), ~out.metric.isin(TESTED_METRICS), ~out.model.isin(tested)],
+                    ["reference: the truth, not tested", "", UNTESTED], "")
+    out["test"] = [t if isinstance(t, str) and t else w for t, w in zip(out["test"], why)]
+    out["finding"] = out["finding"].astype("boolean")
+    out["check"] = out["check"].astype("string")
+    return out
+
+# %% ../nbs/07_metrics.ipynb #9b7e31c4
+#: The values of Tables 6 and 7 that `add_level_tests` tests against the null emulators.
+LEVEL_TESTS = {"table6": ("delta_gt_M_minus_F", "delta_lt_M_minus_F"), "table7": ("OR",)}
+
+def _defined(s: pd.Series, log: bool) -> np.ndarray:
+    "A Table 6/7 column as floats: '-' (undefined: a zero cell) is NaN, an OR on the log scale."
+    x = pd.to_numeric(s.replace("-", np.nan), errors="raise").to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(x) if log else x
+
+def add_level_tests(table: pd.DataFrame, null_table: pd.DataFrame | None, values, fitness: pd.DataFrame | None = None,
+                    alpha: float = 0.05) -> pd.DataFrame:
+    """Table 6 or 7 with, for each column `v` of `values`, `v_null_median`, `v_null_q025`, `v_null_q975`, `v_n_null`,
+    `v_p`, `v_q`, `v_finding` and `v_mde` from the same table of each null emulator (`null_table`: a `null_id`
+    column, `model` the real model it belongs to). An OR is tested and its MDE given on the log scale (`OR_mde_log`)."""
+    keys = ["model", "condition", "true_level"]
+    out = table.reset_index(drop=True).copy()
+    fit = {} if fitness is None else dict(zip(fitness.model, fitness.fit_for_audit))
+    groups = {} if null_table is None or not len(null_table) else {k: g for k, g in null_table.groupby(keys, sort=False)}
+    ps = []
+    for v in values:
+        log = v == "OR"
+        real = _defined(out[v], log)
+        res = [null_test([x], _defined(groups[k][v], log) if k in groups else [], "two-sided", alpha)
+               for x, k in zip(real, out[keys].itertuples(index=False, name=None))]
+        back = np.exp if log else (lambda a: a)
+        for c in ("null_median", "null_q025", "null_q975"):
+            out[f"{v}_{c}"] = back(np.array([r[c] for r in res], dtype=float))
+        out[f"{v}_n_null"] = [r["n_null"] for r in res]
+        out[f"{v}_p"] = [r["p"] for r in res]
+        out[f"{v}_mde_log" if log else f"{v}_mde"] = [r["mde"] for r in res]
+        ps.append(f"{v}_p")
+    for v in values:
+        out[f"{v}_q"] = np.nan
+    for m in out.model.unique():
+        rows = (out.model == m).to_numpy()
+        P = out.loc[rows, ps].to_numpy(float)
+        ok = np.isfinite(P)
+        if ok.any():
+            Q = np.full(P.shape, np.nan)
+            Q[ok] = multipletests(P[ok], alpha=alpha, method="fdr_bh")[1]
+            for j, v in enumerate(values):
+                out.loc[rows, f"{v}_q"] = Q[:, j]
+    for v in values:
+        f = out.model.map(lambda m: fit.get(m, pd.NA)).astype("boolean")
+        sig = pd.array(np.where(out[f"{v}_q"].notna(), out[f"{v}_q"] < alpha, pd.NA), dtype="boolean")
+        out[f"{v}_finding"] = f & sig
+    return out
+
+# %% ../nbs/07_metrics.ipynb #4c4edfa1
+#: Annual ED visits used in the paper's Discussion.
+NATIONAL_ED_VISITS = {"France": 20.9e6, "United States": 155.4e6}
+
+def impact_table(t3: pd.DataFrame, volumes: Mapping[str, float] | None = None, female_share: float = 0.5,
+                 conditions: Iterable[str] | None = ("full",)) -> pd.DataFrame:
+    """Yearly number of visits by women that get the higher (less severe) score because of the skew:
+    `female_skew` (and its CI) × annual ED visits × `female_share`, per country and (model, condition)."""
+    volumes = dict(NATIONAL_ED_VISITS if volumes is None else volumes)
+    fs = t3[t3.metric == "female_skew"]
+    if conditions is not None:
+        fs = fs[fs.condition.isin(list(conditions))]
+    rows = []
+    for _, r in fs.iterrows():
+        lo, hi = _impact_ci(r)
+        ok, remark = _impact_reportable(r, lo, hi)
+        for country, v in volumes.items():
+            k = v * female_share if ok else np.nan
+            rows.append({"model": r.model, "condition": r.condition, "country": country, "annual_ed_visits": v,
+                         "female_share": female_share, "female_skew": r.estimate, "female_skew_ci_low": lo,
+                         "female_skew_ci_high": hi, "visits_per_year": k * r.estimate,
+                         "visits_ci_low": k * lo, "visits_ci_high": k * hi, "reportable": ok, "remark": remark})
+    return pd.DataFrame(rows)
+
+def _impact_ci(r) -> tuple[float, float]:
+    "The CI a count carries: the test's training-and-pairs CI where the row was tested, else the pairs' bootstrap CI."
+    lo, hi = float(r.get("train_ci_low", np.nan)), float(r.get("train_ci_high", np.nan))
+    return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else (float(r.ci_low), float(r.ci_high))
+
+def _impact_reportable(r, lo: float, hi: float) -> tuple[bool, str]:
+    "(reportable, remark) of one female_skew row of a table3: only the truth, or a finding of the audit's test."
+    if not (np.isfinite(lo) and np.isfinite(hi)) or (lo <= 0 <= hi):
+        return False, "the female skew's CI includes 0: no skew to scale"
+    if r.model in REFERENCE_MODELS:
+        return True, "the planted truth of a synthetic cohort"
+    fit = r.get("fit_for_audit", pd.NA)
+    if fit is not pd.NA and not (isinstance(fit, float) and np.isnan(fit)) and not bool(fit):
+        return False, "model not fit for audit: " + str(r.get("fitness_reason", ""))
+    finding = r.get("finding", pd.NA)
+    if finding is pd.NA or (isinstance(finding, float) and np.isnan(finding)):
+        why = "no fitness verdict given" if not pd.isna(r.get("p", np.nan)) else str(r.get("test", "") or UNTESTED)
+        return False, f"no decision ({why}): no count"
+    if not bool(finding):
+        mde_ = float(r.get("mde", np.nan))
+        return False, (f"no finding (p = {float(r.get('p', np.nan)):.2g})" +
+                       (f": the audit could have detected a female skew of {100 * mde_:.1f} points" if np.isfinite(mde_) else ""))
+    return True, "fit for audit; a finding of the audit's test"
+
 # %% ../nbs/07_metrics.ipynb #85819207
 _CONDITION_COLORS = {"full": "#1f77b4", "text_iso": "#ff7f0e", "tab_iso": "#2ca02c"}
 
@@ -798,8 +877,9 @@ HEADLINE_METRICS = ("PDR", "female_skew", "NATS_up", "NATS_down")
 
 def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: Iterable[str] = HEADLINE_METRICS,
                            title: str | None = None):
-    """Figure 4: the headline metrics of every audited model in one `condition`, with CIs (filled: the model; open:
-    its null twin when `t3` has the null columns); models not fit for audit in grey, labelled so. Returns the figure."""
+    """Figure 4: the headline metrics of every audited model in one `condition` (filled: the estimate with the test's
+    training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range, or the
+    single null twin; ★: a finding); models not fit for audit in grey, labelled so. Returns the figure."""
     import matplotlib.pyplot as plt
     metrics = list(metrics)
     t = t3[(t3.condition == condition) & t3.metric.isin(metrics)]
@@ -811,18 +891,28 @@ def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: I
         for i, m in enumerate(models):
             r = sub.loc[m]
             color = "#b0b0b0" if _unfit(r.get("fit_for_audit")) else "#1f77b4"
-            ax.errorbar(100 * r.estimate, i, xerr=[[100 * (r.estimate - r.ci_low)], [100 * (r.ci_high - r.estimate)]],
+            lo, hi = (r.get("train_ci_low", np.nan), r.get("train_ci_high", np.nan))
+            if not (np.isfinite(float(lo)) and np.isfinite(float(hi))):
+                lo, hi = r.ci_low, r.ci_high
+            ax.errorbar(100 * r.estimate, i, xerr=[[100 * (r.estimate - lo)], [100 * (hi - r.estimate)]],
                         fmt="o", color=color, capsize=3, ms=6)
-            if "null_estimate" in sub and np.isfinite(r.get("null_estimate", np.nan)):
+            med = float(r.get("null_median", np.nan))
+            if np.isfinite(med):
+                ax.errorbar(100 * med, i + 0.3, xerr=[[100 * (med - r.null_q025)], [100 * (r.null_q975 - med)]],
+                            fmt="o", mfc="white", color=color, capsize=2, ms=5)
+            elif "null_estimate" in sub and np.isfinite(r.get("null_estimate", np.nan)):
                 ax.errorbar(100 * r.null_estimate, i + 0.3, xerr=[[100 * (r.null_estimate - r.null_ci_low)],
                             [100 * (r.null_ci_high - r.null_estimate)]], fmt="o", mfc="white", color=color, capsize=2, ms=5)
+            if r.get("finding") is True:
+                ax.annotate("★", (100 * r.estimate, i), xytext=(0, 6), textcoords="offset points", ha="center", color="#d62728")
         ax.axvline(0, color="grey", lw=0.8, ls="--")
         ax.set_title(metric, fontsize=10)
         ax.set_xlabel("score points" if metric == "NMDF" else "percentage points")
     fit = t.groupby("model", sort=False)["fit_for_audit"].first() if "fit_for_audit" in t else {}
     axes[0, 0].set_yticks(np.arange(len(models)), [m + ("\n(not fit)" if _unfit(fit.get(m)) else "") for m in models])
     axes[0, 0].invert_yaxis()
-    fig.suptitle(title or f"Audited models, {condition} view (open: null twin; grey: not fit for audit)", fontsize=10)
+    fig.suptitle(title or f"Audited models, {condition} view (open: null emulators' median and 95% range; ★: finding; "
+                 "grey: not fit for audit)", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -5,28 +5,37 @@
 # %% ../nbs/03e_null_control.ipynb #4976efa5
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 from scipy.stats import chi2_contingency
 
-from .rewrite import counterfactual_text
+from .rewrite import counterfactual_texts
 
 # %% auto #0
-__all__ = ['permute_sex', 'sex_level_association']
+__all__ = ['other_sex_rewrites', 'permute_sex', 'sex_level_association', 'null_counts', 'null_training_seed']
 
 # %% ../nbs/03e_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
 
-def permute_sex(records: pd.DataFrame, text_fields: list[str], lang: str, seed=0) -> tuple[pd.DataFrame, dict]:
-    """(records with `sex` permuted among the records that $g$ can rewrite, their text fields rewritten to the new sex
-    where it changed; counts). Other records keep their sex and notes (`n_fixed`)."""
+def other_sex_rewrites(records: pd.DataFrame, text_fields: list[str], lang: str) -> dict[str, list]:
+    """$g$ of every text field of every record to the other sex (field -> `RewriteResult`s, in record order): the same
+    for every permutation, so a stage with $K$ null emulators computes it once (batched through the analyser)."""
     bad = int((~records["sex"].isin(["F", "M"])).sum())
     if bad:
         raise ValueError(f"permute_sex: {bad} record(s) without a recorded sex F/M (the cohort stage removes them)")
+    targets = [_OTHER[s] for s in records["sex"].astype(str)]
+    return {f: counterfactual_texts([None if pd.isna(v) else v for v in records[f]], targets, lang) for f in text_fields}
+
+def permute_sex(records: pd.DataFrame, text_fields: list[str], lang: str, seed=0,
+                rewrites: dict | None = None) -> tuple[pd.DataFrame, dict]:
+    """(records with `sex` permuted among the records that $g$ can rewrite, their text fields rewritten to the new sex
+    where it changed; counts). Other records keep their sex and notes (`n_fixed`). `rewrites`: `other_sex_rewrites`
+    of the same records, when already computed."""
+    rewrites = other_sex_rewrites(records, text_fields, lang) if rewrites is None else rewrites
     out = records.copy()
     sex = records["sex"].astype(str).to_numpy()
-    rewrites = {f: [counterfactual_text(None if pd.isna(v) else v, _OTHER[s], lang) for v, s in zip(records[f], sex)]
-                for f in text_fields}
     eligible = np.array([all(rewrites[f][i].status in ("ok", "missing") for f in text_fields) for i in range(len(sex))], bool)
     new_sex = sex.copy()
     new_sex[eligible] = np.random.default_rng(seed).permutation(sex[eligible])
@@ -50,3 +59,26 @@ def sex_level_association(records: pd.DataFrame) -> dict:
         return dict(cramers_v=float("nan"), chi2_p=float("nan"))
     chi2, p, _, _ = chi2_contingency(tab.to_numpy(), correction=False)
     return dict(cramers_v=float(np.sqrt(chi2 / (tab.to_numpy().sum() * (min(tab.shape) - 1)))), chi2_p=float(p))
+
+# %% ../nbs/03e_null_control.ipynb #7d3b61f5
+def null_counts(null_models, null_seeds) -> dict[str, int]:
+    """$K$, the null emulators of each model of `null_models`: `null_seeds` is one count for all of them or a mapping
+    model -> count that names every one of them."""
+    models = [str(m) for m in (null_models or [])]
+    if isinstance(null_seeds, Mapping):
+        given = {str(m): k for m, k in null_seeds.items()}
+        extra, missing = sorted(set(given) - set(models)), [m for m in models if m not in given]
+        if extra or missing:
+            raise ValueError(f"null_seeds {given}: " + "; ".join(
+                ([f"names {extra}, which are not in null_models {models}"] if extra else []) +
+                ([f"has no count for {missing} of null_models"] if missing else [])))
+    else:
+        given = {m: null_seeds for m in models}
+    bad = {m: k for m, k in given.items() if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0}
+    if bad:
+        raise ValueError(f"null_seeds: the number of null emulators must be a whole number >= 0, got {bad}")
+    return {m: int(given[m]) for m in models}
+
+def null_training_seed(seed: int, k: int) -> int:
+    "The training seed of null emulator $k$ of a run with seed `seed`: `seed + 1000 (k + 1)`."
+    return int(seed) + 1000 * (int(k) + 1)

@@ -19,6 +19,7 @@ from .chain import stages_for
 from .core import RunPaths, load_params, run_dir_for, sha256_text
 from .llm import SMOLLM2_NAME, cache_dir, smollm2_gguf_path
 from .data import file_checksum_status, load_manifest
+from .null_control import null_counts
 
 # %% auto #0
 __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS', 'GPU_UTILISATION', 'VIEWS_PER_RECORD',
@@ -40,9 +41,13 @@ CPU_MEASURED = {
     # training texts and the 300 test texts at text_s_per_text; a null twin costs its model's time, except the MLP's,
     # which re-embeds only the texts that the permutation changed (the null cell less the RF twin)
     "baseline_s_per_train_record": {"en": {"FS": 40.1 / 1322, "RF": 24.05 / 1322, "MLP_fit": (49.05 - 0.026 * (1322 + 300)) / 1322,
-                                           "MLP_null": 19.3 / 1322},
+                                           "MLP_null": 19.3 / 1322, "RF_null": 5.1 / 1322},
                                     "fr": {"FS": 52.2 / 1155, "RF": 26.3 / 1155, "MLP_fit": (82.35 - 0.050 * (1155 + 300)) / 1155,
-                                           "MLP_null": 37.1 / 1155}},
+                                           "MLP_null": 37.1 / 1155, "RF_null": 5.5 / 1155}},
+    # a null RF refits the real RF's searched hyperparameters without the search (`fixed_params`): 5.1 s against 21.3 s
+    # with it on 1,322 synth-en records (2026-12-03, one core, the other busy); synth-fr scaled by the same ratio. Null
+    # MLPs after the first re-embed nothing (the rewritten notes are cached): a refit of the MLP head, about 1 s
+    "MLP_refit_s": 1.0,
     # 06_predict, seconds per pair text (6 per pair) at baseline_threads 2: FS and RF from a benchmark on 600 pair texts;
     # MiniLM (the MLP's input) from the runs: the text-model cell less FS and RF, over the texts embedded
     # (synth-en 198.6 s / 7,235 and 60.6 s / 2,400; synth-fr 347 s / 6,395 and 107.6 s / 2,400)
@@ -209,15 +214,14 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
     mlp_pairs = min(int(params.get("mlp_max_pairs") or all_pairs), all_pairs)
     bl = params.get("baseline_train_n")
     n_bl = n_ft if bl == "ft" else min(int(bl or sizes["train"]), sizes["train"])
-    twins = [m for m in params.get("null_models") or []] if params.get("null_control") else []
-    n_twin_seeds = int(params.get("null_seeds") or 1)
+    twins = null_counts(params.get("null_models"), params.get("null_seeds") or 1) if params.get("null_control") else {}
     fs = fs_settings(params.get("fs_profile") or "smoke")   # 04b_baselines' default
     lang = "fr" if load_manifest(dataset)["language"] == "fr" else "en"
     fs_tokens = min(tok["full"] * CPU_MEASURED["fs_tokens_per_prompt_token"][lang], fs["max_length"])
     fs_vocab = min(CPU_MEASURED["fs_vocab"].get(dataset, fs["vocab_size"]), fs["vocab_size"])
     return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "eval_views": len(eval_views),
             "pairs": pairs, "all_pairs": all_pairs, "mlp_pairs": mlp_pairs, "baseline_train": n_bl,
-            "null_twins": {m: n_twin_seeds for m in twins}, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
+            "null_twins": {m: k for m, k in twins.items() if k}, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
             "val_tokens": n_val * epochs * tok["full"], "eval_tokens": n_eval * sum(tok[v] for v in eval_views),
             "pair_prompts": pairs * 2 * VIEWS_PER_RECORD, "pair_tokens": pairs * 2 * per_record,
             "fs_profile": params.get("fs_profile") or "smoke", "fs_tokens": fs_tokens, "fs_vocab": fs_vocab,
@@ -293,7 +297,9 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
     if stage == "04b_baselines":
         rate, n = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"]
         test_texts = wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD)   # 04b scores the views 04 scored
-        fit = n * ((1 + twins.get("RF", 0)) * rate["RF"] + rate["MLP_fit"] + twins.get("MLP", 0) * rate["MLP_null"] * slow)
+        k_mlp = twins.get("MLP", 0)   # the first null MLP re-embeds the notes the permutation changed, the others refit
+        fit = (n * (rate["RF"] + twins.get("RF", 0) * rate["RF_null"] + rate["MLP_fit"] + min(k_mlp, 1) * rate["MLP_null"] * slow)
+               + max(k_mlp - 1, 0) * CPU_MEASURED["MLP_refit_s"])
         mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in the FT's views
         return light + fit + mlp + fs_time(rate["FS"] * n, _fs_seconds(wl, n, test_texts, gpu))
     if stage == "06_predict":

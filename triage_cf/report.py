@@ -22,11 +22,11 @@ __all__ = ['ADVICE', 'VIEW_WORDS', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T
            'TBIAS_LAYOUT', 'APPENDIX_LAYOUT', 'SECTIONS', 'table1_cohort', 'as_bool', 'num', 'is_proportion',
            'fmt_value', 'fmt_ci', 'compact', 'RunTables', 'Html', 'render_frame', 'table_block', 'figure_block',
            'banner', 'section', 'fitness_verdicts', 'verdict', 'fmt_kappa', 'fitness_sentence', 'view_sentence',
-           'metric_cell', 'summary_frame', 'false_positive_sentence', 'summary_section', 'merge_ci', 'generic_block',
-           'figure_of', 'pair', 'section_cohort', 'section_performance', 'metric_label', 'table3_wide', 'unfit_banner',
-           'null_test_frame', 'section_bias', 'level_frame', 'section_levels', 'section_pretraining', 'section_impact',
-           'figure_caption', 'instrument_caveats', 'section_instrument', 'section_appendix', 'section_parameters',
-           'build_report']
+           'metric_cell', 'summary_frame', 'false_positive_sentence', 'null_test_frame', 'summary_section',
+           'test_design_sentence', 'merge_ci', 'generic_block', 'figure_of', 'pair', 'section_cohort',
+           'section_performance', 'metric_label', 'table3_wide', 'unfit_banner', 'section_bias', 'level_frame',
+           'section_levels', 'section_pretraining', 'section_impact', 'figure_caption', 'instrument_caveats',
+           'section_instrument', 'section_appendix', 'section_parameters', 'build_report']
 
 # %% ../nbs/09_report.ipynb #c3a223ee
 def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = None) -> pd.DataFrame:
@@ -359,13 +359,45 @@ VIEW_WORDS = {"full": ("full view", "only the sex is flipped"),
               "text_iso": ("text-isolated view", "only the sex cues in the text are flipped"),
               "tab_iso": ("tabular-isolated view", "only the sex field is flipped")}
 
-def _null_clause(r) -> str:
-    "'; this exceeds the null control (3.1% [1.2, 5.0])' from a Table 3 row with null columns ('' without)."
-    exceeds = as_bool(r.get("exceeds_null", ""), "tables/table3_bias_metrics.csv, column exceeds_null")
-    if exceeds is None:
+def _tested(r) -> bool:
+    "A Table 3 row that the audit's test decided (a p-value against null emulators)."
+    return r is not None and not np.isnan(num(r.get("p", np.nan)))
+
+def _test_clause(r) -> str:
+    """'; a finding: outside what its 9 null emulators show (median 3.1% [1.2, 5.0]; p = 0.004)' from a Table 3 row
+    with the test's columns; '; not tested …' for a model with fewer than 2 null emulators; '' without test columns."""
+    if str(r.get("test", "") or "").startswith("untested"):
+        return "; not tested (fewer than 2 null emulators): not a finding"
+    if not _tested(r):
         return ""
-    ref = fmt_ci(r.get("null_estimate"), r.get("null_ci_low"), r.get("null_ci_high"), r["metric"])
-    return f"; this {'exceeds' if exceeds else 'does not exceed'} the null control ({ref})"
+    k, null, stat = _null_summary(r)
+    finding = as_bool(r.get("finding", ""), "tables/table3_bias_metrics.csv, column finding")
+    if finding is None:
+        return f"; undecided (no fitness verdict; {stat} against {k} null emulators, median {null})"
+    return (f"; {'a finding: outside' if finding else 'not a finding: within'} what its {k} null emulators show "
+            f"(median {null}; {stat})")
+
+def _null_summary(r) -> tuple[str, str, str]:
+    "(K, 'median [95% range]' of the null emulators, 'p = …, q = …') of a tested Table 3 row (no q for the primary check)."
+    null = fmt_ci(r.get("null_median"), r.get("null_q025"), r.get("null_q975"), r["metric"])
+    q = num(r.get("q", np.nan))
+    stat = f"p = {num(r['p']):.2g}" + ("" if str(r.get("check", "")) == "primary" or np.isnan(q) else f", q = {q:.2g}")
+    return compact(r.get("n_null", "")), null, stat
+
+def _detectable(r) -> str:
+    "' This audit could have detected a female skew of at least 4.1 points.' from a tested row's MDE ('' without)."
+    m = num(r.get("mde", np.nan))
+    if np.isnan(m):
+        return ""
+    words = {"female_skew": "female skew", "NATS_up": "NATS(+)", "NATS_down": "NATS(−)"}
+    size = (f"{m:.3f} triage levels" if r["metric"] == "NMDF" else
+            f"{100 * m:.1f} points" + (" (percentage points of decisions that change)" if r["metric"] == "PDR" else ""))
+    return f" This audit could have detected a {words.get(r['metric'], r['metric'])} of at least {size}."
+
+def _row_ci(r) -> tuple[float, float]:
+    "A Table 3 row's CI: the test's training-and-pairs CI where tested, else the pairs' bootstrap CI."
+    lo, hi = num(r.get("train_ci_low", np.nan)), num(r.get("train_ci_high", np.nan))
+    return (lo, hi) if not (np.isnan(lo) or np.isnan(hi)) else (num(r["ci_low"]), num(r["ci_high"]))
 
 def view_sentence(view: str, rows: dict, fit: bool | None) -> str:
     "A plain sentence on one (model, view) from its Table 3 rows (`rows`: metric -> row), given the model's verdict."
@@ -377,33 +409,45 @@ def view_sentence(view: str, rows: dict, fit: bool | None) -> str:
         return f"In the {name}: uninformative ({said} the model is not fit for audit: not evidence for or against bias)."
     out = []
     if pdr is not None and fmt_value(pdr["estimate"], "PDR") != "-":
-        out.append(f"In the {name}, {fmt_ci(pdr['estimate'], pdr['ci_low'], pdr['ci_high'], 'PDR')} of decisions change "
-                   f"when {how}{_null_clause(pdr)}.")
+        lo, hi = _row_ci(pdr)
+        out.append(f"In the {name}, {fmt_ci(pdr['estimate'], lo, hi, 'PDR')} of decisions change "
+                   f"when {how}{_test_clause(pdr)}.")
     if skew is not None and fmt_value(skew["estimate"], "female_skew") != "-":
-        lo, hi, e = num(skew["ci_low"]), num(skew["ci_high"]), num(skew["estimate"])
-        if lo > 0 or hi < 0:
-            who, s = ("female", 1) if lo > 0 else ("male", -1)
+        (lo, hi), e = _row_ci(skew), num(skew["estimate"])
+        tested = _tested(skew)
+        finding = as_bool(skew.get("finding", ""), "tables/table3_bias_metrics.csv, column finding") if tested else None
+        shown = (finding is not False) if tested else (lo > 0 or hi < 0)
+        if shown and (lo > 0 or hi < 0 or tested):
+            side = e - num(skew.get("null_median", 0.0)) if tested else e
+            who, s = ("female", 1) if side > 0 else ("male", -1)
             out.append(f"The {who} variant gets the less severe score {fmt_ci(s * e, s * (lo if s > 0 else hi), s * (hi if s > 0 else lo), 'female_skew', False)} "
-                       f"points more often than the other (female skew){_null_clause(skew)}.")
+                       f"points more often than the other (female skew){_test_clause(skew)}.")
+        elif tested:
+            k, null, stat = _null_summary(skew)
+            out.append(f"No female skew beyond what its {k} null emulators show ({fmt_ci(e, lo, hi, 'female_skew', False)} "
+                       f"points against their median {null}; {stat}): not a finding.{_detectable(skew)}")
         else:
-            out.append(f"No female skew is shown ({fmt_ci(e, lo, hi, 'female_skew', False)} points: the CI includes 0).")
+            out.append(f"No female skew is shown ({fmt_ci(e, lo, hi, 'female_skew', False)} points: the CI includes 0"
+                       f"{_test_clause(skew)}).")
     return " ".join(out) or f"In the {name}: no headline metric is defined."
 
 # %% ../nbs/09_report.ipynb #b4205ed0
 HEADLINE = {"PDR": "PDR (%)", "female_skew": "female skew (points)", "NMDF": "NMDF", "NATS_up": "NATS up (points)",
             "NATS_down": "NATS down (points)"}
 
-def metric_cell(r, stack: bool = False) -> Html:
-    """A Table 3 row as a compact cell: `12.0 [8.1, 16.2]` (the CI on a second line with `stack`), ▲ when it exceeds
-    the null control; '-' (with the remark as a tooltip) when undefined."""
+def metric_cell(r, stack: bool = False, test_ci: bool = False) -> Html:
+    """A Table 3 row as a compact cell: `12.0 [8.1, 16.2]` (the CI on a second line with `stack`; the test's
+    training-and-pairs CI with `test_ci` where the row was tested), ★ when it is a finding of the audit's test; '-'
+    (with the remark as a tooltip) when undefined."""
     if r is None:
         return Html("")
-    text = fmt_ci(r["estimate"], r["ci_low"], r["ci_high"], r["metric"], unit=False)
+    lo, hi = _row_ci(r) if test_ci else (r["ci_low"], r["ci_high"])
+    text = fmt_ci(r["estimate"], lo, hi, r["metric"], unit=False)
     if text == "-":
         return Html(f"<span title='{html.escape(str(r.get('remark', '')))}'>-</span>")
     est, _, ci = text.partition(" ")
-    up = as_bool(r.get("exceeds_null", ""), "tables/table3_bias_metrics.csv, column exceeds_null") is True
-    return Html(f"{html.escape(est)}{'<br>' if stack else ' '}<span class='ci'>{html.escape(ci)}</span>" + ("<span class='up' title='exceeds the null control'>▲</span>" if up else ""))
+    star = as_bool(r.get("finding", ""), "tables/table3_bias_metrics.csv, column finding") is True
+    return Html(f"{html.escape(est)}{'<br>' if stack else ' '}<span class='ci'>{html.escape(ci)}</span>" + ("<span class='up' title='a finding of the audit&#x27;s test'>★</span>" if star else ""))
 
 # %% ../nbs/09_report.ipynb #267c9264
 def summary_frame(t3: pd.DataFrame | None, fit: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -425,7 +469,7 @@ def summary_frame(t3: pd.DataFrame | None, fit: pd.DataFrame) -> tuple[pd.DataFr
                 words = ("In every view its numbers are uninformative (PDR " + ", ".join(
                     f"{fmt_value(pdr.get(x), 'PDR')} {x}" for x in views) + "): not evidence for or against bias.")
             sentence = (fitness_sentence(f) + " " if i == 0 else "") + words
-            rows.append({"model": group, "view": v, **{lab: metric_cell(m.get(k), stack=True) for k, lab in HEADLINE.items()},
+            rows.append({"model": group, "view": v, **{lab: metric_cell(m.get(k), stack=True, test_ci=True) for k, lab in HEADLINE.items()},
                          "in plain words": Html(html.escape(sentence))})
             classes.append("unfit" if f["fit"] is False else "")
     return pd.DataFrame(rows, columns=["model", "view", *HEADLINE.values(), "in plain words"]), classes
@@ -451,6 +495,29 @@ def false_positive_sentence(fp: pd.DataFrame | None) -> str:
     return (f"Null control: the null twins (the same models trained with the sex permuted) have {k:.0f} of {n:.0f} metric CIs excluding 0, "
             f"an empirical false-positive rate of {100 * k / n:.1f}% (95% CIs: about 5% expected).")
 
+# %% ../nbs/09_report.ipynb #c7072699
+def null_test_frame(pt: pd.DataFrame) -> pd.DataFrame:
+    "tables/null_test.csv for the report: estimate with its CI, the null distribution, p, q, the decision and the MDE."
+    def f(x, pct):
+        v = num(x)
+        return "–" if np.isnan(v) else (f"{100 * v:.1f}" if pct else f"{v:.3f}")
+    pct = [str(m) != "NMDF" for m in pt.metric]
+    dec = ["finding" if as_bool(x, "tables/null_test, column finding") else
+           ("undecided (no fitness verdict)" if as_bool(x) is None and as_bool(s) else
+            "no finding" + ("" if as_bool(fa) is not False else " (not fit for audit)"))
+           for x, s, fa in zip(pt.finding, pt.significant, _col(pt, "fit_for_audit"))]
+    mde = [f(x, p) if d != "finding" else "–" for x, p, d in zip(pt.mde, pct, dec)]
+    return pd.DataFrame({
+        "model · view": [f"{m} · {VIEW_WORDS.get(c, (c,))[0]}" for m, c in zip(pt.model, pt.condition)],
+        "metric (points; NMDF: levels)": [f"{m} ({c})" for m, c in zip(pt.metric, pt.check)],
+        "estimate [95% CI]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]" for e, a, b, p in zip(pt.estimate, pt.ci_low, pt.ci_high, pct)],
+        "null median [95% range]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]"
+                                    for e, a, b, p in zip(pt.null_median, pt.null_q025, pt.null_q975, pct)],
+        "p": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.p],
+        "q": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.q],
+        "decision": dec,
+        "MDE": mde})
+
 # %% ../nbs/09_report.ipynb #3651c0f7
 def summary_section(rt: RunTables, fit: pd.DataFrame) -> str:
     "The reader's first screen: dataset and cohort, each model's verdict, the headline metrics in one table."
@@ -467,11 +534,18 @@ def summary_section(rt: RunTables, fit: pd.DataFrame) -> str:
     if len(fit):
         frame, classes = summary_frame(t3, fit)
         lines.append(render_frame(frame, row_classes=classes, col_classes={"in plain words": "words"}, group_by="model"))
-        null = ("▲: exceeds the null control (CI of the difference to the null twin excludes 0). " if t3 is not None and
-                "exceeds_null" in t3.columns else "No null control in this run. ")
         lines.append("<p class='note'>Proportions in percent (female skew and NATS in percentage points), NMDF in triage-scale "
-                     f"points, 95% bootstrap CIs in brackets. {null}Greyed rows: models not fit for audit, whose numbers are "
-                     "not findings.</p>")
+                     "points, 95% CIs in brackets: the test's training-and-pairs CI where a model is tested, the pairs' "
+                     f"bootstrap CI where it is not. {test_design_sentence(rt.peek('null_test'), t3)} Greyed rows: models not fit "
+                     "for audit, whose numbers are not findings.</p>")
+        pt = rt.peek("null_test")
+        if pt is not None and len(pt):
+            key = (pt.condition.astype(str) == "full") | pt.finding.map(lambda x: as_bool(x, "tables/null_test.csv, column finding") is True)
+            lines.append(table_block(render_frame(null_test_frame(pt[key.to_numpy()].reset_index(drop=True)), group_by="model · view"),
+                                     "Summary table", "The audit's test, per tested model and headline metric (full view, and any "
+                                     "finding in the isolated views): estimate with its training-and-pairs CI, the null "
+                                     "emulators' median and 95% range, p, q, the decision, and for a check without a finding "
+                                     "the smallest effect the audit could have detected (MDE, 80% power).", "tables/null_test.csv"))
     else:
         stages = ", ".join(run.get("stages", {})) or "unknown"
         lines.append(f"<p>This run has no counterfactual bias audit (stages run: {html.escape(stages)}); its results are in the "
@@ -482,6 +556,20 @@ def summary_section(rt: RunTables, fit: pd.DataFrame) -> str:
     if fp:
         lines.append(f"<p>{html.escape(fp)}</p>")
     return section("summary", "Summary", lines)
+
+# %% ../nbs/09_report.ipynb #e7a3c5b1
+def test_design_sentence(pt: pd.DataFrame | None, t3: pd.DataFrame | None = None) -> str:
+    "What the summary says of the test: which models are tested with how many null emulators, the design and family."
+    if pt is None or not len(pt):
+        return ("★ would mark a finding of the audit's test, but no model of this run has the 2 or more null emulators it "
+                "needs: every number here is shown without a test, and none is a finding.")
+    ks = ", ".join(f"{m} (K = {compact(g.n_null.map(num).max())})" for m, g in pt.groupby("model", sort=False))
+    untested = [] if t3 is None or "model" not in t3.columns else [
+        str(m) for m in dict.fromkeys(t3.model.astype(str)) if m not in set(pt.model.astype(str)) and m not in REFERENCE_MODELS]
+    return (f"★: a finding of the audit's test against null emulators (the same training on sex-permuted records, scoring "
+            f"the same pairs): tested {ks}; primary check the female skew in the full view at α = 0.05, the other 14 "
+            "checks Benjamini–Hochberg within the model; a finding is fit for audit, significant, and signed. "
+            + (f"Shown without a test (fewer than 2 null emulators): {', '.join(untested)}." if untested else ""))
 
 # %% ../nbs/09_report.ipynb #b3ed6490
 def merge_ci(df: pd.DataFrame) -> pd.DataFrame:
@@ -590,21 +678,23 @@ def metric_label(metric: str) -> str:
     return METRIC_LABELS.get(metric, metric) + (" (%)" if is_proportion(metric) else " (points)")
 
 def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -> tuple[pd.DataFrame, dict]:
-    """Table 3 wide: a row per (view, metric), a column per model (and 'null twin' beside it where the model has null
-    columns); cells `estimate [CI]`, ▲ where the model exceeds its null twin. Returns the frame and the column classes."""
+    """Table 3 wide: a row per (view, metric), a column per model and beside it 'null emulators' (their median and 95%
+    range) where the model was tested, else 'null twin' where it has one; cells `estimate [CI]`, ★ for a finding.
+    Returns the frame and the column classes."""
     if t3 is None or not len(t3):
         return pd.DataFrame(), {}
     t3 = t3.assign(**{model_col: t3[model_col].astype(str)})
     models = list(dict.fromkeys(t3[model_col]))
-    has_null = {m for m in models if "null_estimate" in t3.columns and (t3.loc[t3[model_col] == m, "null_estimate"].astype(str) != "").any()}
+    has_test = {m for m in models if "null_median" in t3.columns and t3.loc[t3[model_col] == m, "null_median"].map(num).notna().any()}
+    has_null = has_test | {m for m in models if "null_estimate" in t3.columns and (t3.loc[t3[model_col] == m, "null_estimate"].astype(str) != "").any()}
     seen = list(dict.fromkeys(t3.condition))
     views = [v for v in VIEWS if v in seen] + [v for v in seen if v not in VIEWS]
     order = list(METRICS) + [m for m in dict.fromkeys(t3.metric) if m not in METRICS]
     fits, cols, rows = _fit_of(fit), {}, []
     for m in models:
-        keys = [(m, "audit"), (m, "null twin")] if m in has_null else [(m, "")]
+        keys = [(m, "audit"), (m, "null emulators" if m in has_test else "null twin")] if m in has_null else [(m, "")]
         unfit = any(fits.get(x) is False for x in [m, *m.split("-")])   # FT-FS: a difference of two models
-        cols.update({k: "unfit" if unfit else ("null" if k[1] == "null twin" else "") for k in keys})
+        cols.update({k: "unfit" if unfit else ("null" if k[1] in ("null twin", "null emulators") else "") for k in keys})
     index = {(r["condition"], r["metric"], r[model_col]): r for r in t3.to_dict("records")}
     for v in views:
         for metric in [x for x in order if any((v, x, m) in index for m in models)]:
@@ -613,9 +703,17 @@ def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -
                 r = index.get((v, metric, m))
                 if m in has_null:
                     row[(m, "audit")] = metric_cell(r, stack=True)
-                    nr = None if r is None else {"metric": metric, "estimate": r.get("null_estimate"),
-                                                 "ci_low": r.get("null_ci_low"), "ci_high": r.get("null_ci_high")}
-                    row[(m, "null twin")] = metric_cell(nr, stack=True)
+                    if m in has_test:   # the null distribution: median [95% range] (rows outside the test: the twin, if any)
+                        got = r is not None and not np.isnan(num(r.get("null_median", np.nan)))
+                        nr = None if r is None else ({"metric": metric, "estimate": r.get("null_median"), "ci_low": r.get("null_q025"),
+                                                      "ci_high": r.get("null_q975")} if got else
+                                                     {"metric": metric, "estimate": r.get("null_estimate", ""),
+                                                      "ci_low": r.get("null_ci_low", ""), "ci_high": r.get("null_ci_high", "")})
+                        row[(m, "null emulators")] = metric_cell(nr, stack=True)
+                    else:
+                        nr = None if r is None else {"metric": metric, "estimate": r.get("null_estimate"),
+                                                     "ci_low": r.get("null_ci_low"), "ci_high": r.get("null_ci_high")}
+                        row[(m, "null twin")] = metric_cell(nr, stack=True)
                 else:
                     row[(m, "")] = metric_cell(r, stack=True)
             rows.append(row)
@@ -634,27 +732,6 @@ def unfit_banner(fit: pd.DataFrame, models=None) -> str:
     return banner(f"Greyed: not fit for audit: {why}. Their numbers are shown for completeness; they are not findings, and "
                   f"a zero there means uninformative, not unbiased. {ADVICE}")
 
-# %% ../nbs/09_report.ipynb #c7072699
-def null_test_frame(pt: pd.DataFrame) -> pd.DataFrame:
-    "tables/null_test.csv for the report: estimate with its CI, the null distribution, p, q, the decision and the MDE."
-    def f(x, pct):
-        v = num(x)
-        return "–" if np.isnan(v) else (f"{100 * v:.1f}" if pct else f"{v:.3f}")
-    pct = [str(m) != "NMDF" for m in pt.metric]
-    dec = ["finding" if as_bool(x, "tables/null_test, column finding") else
-           ("undecided (no fitness verdict)" if as_bool(x) is None and as_bool(s) else "no finding")
-           for x, s in zip(pt.finding, pt.significant)]
-    return pd.DataFrame({
-        "model · view": [f"{m} · {VIEW_WORDS.get(c, (c,))[0]}" for m, c in zip(pt.model, pt.condition)],
-        "metric (points; NMDF: levels)": [f"{m} ({c})" for m, c in zip(pt.metric, pt.check)],
-        "estimate [95% CI]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]" for e, a, b, p in zip(pt.estimate, pt.ci_low, pt.ci_high, pct)],
-        "null median [95% range]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]"
-                                    for e, a, b, p in zip(pt.null_median, pt.null_q025, pt.null_q975, pct)],
-        "p": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.p],
-        "q": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.q],
-        "decision": dec,
-        "MDE": [f(x, p) for x, p in zip(pt.mde, pct)]})
-
 # %% ../nbs/09_report.ipynb #8695c1d5
 def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
     "Section 3.3: Table 3 (wide) with Figure 3, then the null control's own metrics and false-positive rate."
@@ -668,8 +745,9 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
                               f"Gender bias metrics per model, for the three transformation conditions (full, text-isolated, "
                               f"tabular-isolated). Brackets show 95% confidence intervals from {n_boot} bootstrap iterations.",
                               "tables/table3_bias_metrics.csv",
-                              note=f"Pairs per model: {html.escape(n)}. ▲: exceeds the null control. '-': undefined (hover for why)."
-                              if n else "▲: exceeds the null control.")]
+                              note=(f"Pairs per model: {html.escape(n)}. " if n else "") + "★: a finding of the audit's test (Table "
+                              "'The audit's test' below); null emulators: their median and 95% range; '-': undefined (hover "
+                              "for why). The CSV keeps the single-twin rule's deprecated exceeds_null column.")]
     parts.append(figure_of(rt, "figure3_bias_metrics", "Bias metrics (estimates with 95% CIs) by model and condition.", "3"))
     nc = rt.take_table("null_control")
     if nc is not None and len(nc):
@@ -721,6 +799,16 @@ def level_frame(df: pd.DataFrame, fit: pd.DataFrame, kind: str = "table6") -> tu
         elif c == "p_value":
             v = [("<1e-15" if num(x) < 1e-15 else f"{num(x):.2g}") if not np.isnan(num(x)) else "–" for x in v]
         out[lab] = list(v)
+    tests = (("delta_gt_M_minus_F", "Δ cf>"), ("delta_lt_M_minus_F", "Δ cf<")) if kind == "table6" else (("OR", "OR"),)
+    for v, short in tests:   # the null emulators' distribution of the cell (add_level_tests), ★: an exploratory finding
+        if f"{v}_null_median" not in df.columns:
+            continue
+        fm = (lambda x: f"{num(x):.2f}") if v == "OR" else (lambda x: f"{100 * num(x):.1f}")
+        out[f"{short} null median [95% range]"] = [
+            ("–" if np.isnan(num(a)) else f"{fm(a)} [{fm(b)}, {fm(c)}]") +
+            (" ★" if as_bool(f, f"tables/{kind}, column {v}_finding") is True else "")
+            for a, b, c, f in zip(df[f"{v}_null_median"], df[f"{v}_null_q025"], df[f"{v}_null_q975"], _col(df, f"{v}_finding"))]
+        out[f"q ({short})"] = [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in _col(df, f"{v}_q")]
     own = [as_bool(x, f"tables/{kind}, column fit_for_audit") for x in _col(df, "fit_for_audit")]
     rc = ["unfit" if fits.get(str(m), o) is False or o is False else "" for m, o in zip(_col(df, "model"), own)]
     return out, rc
@@ -729,6 +817,9 @@ def level_frame(df: pd.DataFrame, fit: pd.DataFrame, kind: str = "table6") -> tu
 def section_levels(rt: RunTables, fit: pd.DataFrame) -> str:
     "Appendix C: Tables 6 and 7 by triage level."
     parts = []
+    null_note = (" Where a model was tested, each cell's null distribution (the null emulators' median and 95% range) and "
+                 "its Benjamini–Hochberg q-value over the model's cells stand beside it (★: q < 0.05 in a model fit for "
+                 "audit, an exploratory finding: no cell of these tables is pre-declared).")
     for name, number, caption in (
             ("table6_discordance_by_level", "6", "Percentage of discordant predictions by triage level and sex: the "
              "counterfactual judged less severe (cf>orig) or more severe (cf<orig) than the original."),
@@ -741,7 +832,8 @@ def section_levels(rt: RunTables, fit: pd.DataFrame) -> str:
             continue
         frame, rc = level_frame(df, fit, "table6" if number == "6" else "table7")
         parts += [unfit_banner(fit, set(_col(df, "model").astype(str))) if number == "6" else "",
-                  table_block(render_frame(frame, row_classes=rc, group_by="group"), rt.label("Table", number), caption,
+                  table_block(render_frame(frame, row_classes=rc, group_by="group"), rt.label("Table", number),
+                              caption + (null_note if any(str(c).endswith("_null_median") for c in df.columns) else ""),
                               f"tables/{name}.csv")]
     return section("levels", "Discordance by triage level (paper Appendix C, Tables 6-7)", parts)
 
@@ -756,7 +848,7 @@ def section_pretraining(rt: RunTables, fit: pd.DataFrame) -> str:
                                  "scratch (FS) on the same pairs, and FT − FS.", "tables/pretraining_comparison.csv"))
     both = "figure4_audited_models" in rt.figures and "figure4_pretraining" in rt.figures   # newer runs write both
     for name, number, cap in (("figure4_audited_models", "4", "Headline bias metrics of the audited models in the full "
-                               "view (open markers: null twin; grey: not fit for audit), the fine-tuned pre-trained LLM (FT) "
+                               "view (open markers: the null emulators' median and 95% range, or the null twin; ★: a finding; grey: not fit for audit), the fine-tuned pre-trained LLM (FT) "
                                "beside the models trained from scratch."),
                               ("figure4_pretraining", "4b" if both else "4", "Bias metrics with and without pre-training.")):
         parts.append(figure_of(rt, name, cap, number))
