@@ -983,7 +983,8 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
     """Compute every metric with CIs from a pair CSV into `out_dir`; returns the written paths by name
     (`metrics`, and `table6`, `table7` when the CSV has `true_level`). `kappa_w` = (kappa, low, high) of the model on
     its test records adds the fitness verdict (`fitness_verdict`) to every table. Null emulators (rows with a
-    `null_id`, or `null_csvs`) add `null_test` (`permutation_test`) and `null_emulators` (`null_emulator_metrics`)."""
+    `null_id`, or `null_csvs`) add `null_test` (`permutation_test`) and `null_emulators` (`null_emulator_metrics`), and
+    for one training the test's columns to `metrics` (`add_test_columns`) and to Tables 6-7 (`add_level_tests`)."""
     real, nulls = read_null_pairs(pairs_csv, null_csvs)
     out = Path(out_dir)
     tables = {"metrics": _table3_replicates(real, str(pairs_csv), n_boot=n_boot, seed=seed, ci_method=ci_method)}
@@ -1001,9 +1002,16 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
         verdict = pd.DataFrame({"model": models, "fit_for_audit": [fit], "fitness_reason": [why]})
         tables = {k: add_fitness(t, verdict) for k, t in tables.items()}
     if nulls is not None:
-        tables["null_test"] = permutation_test(real, nulls, verdict, alpha=alpha, n_boot=n_boot, seed=seed,
-                                               source=str(pairs_csv))
-        tables["null_emulators"] = null_emulator_metrics(nulls)
+        pt = permutation_test(real, nulls, verdict, alpha=alpha, n_boot=n_boot, seed=seed, source=str(pairs_csv))
+        tables["null_test"], tables["null_emulators"] = pt, null_emulator_metrics(nulls)
+        if pairs is not None:   # one training: the test beside Table 3's rows, the null distributions in Tables 6-7
+            tables["metrics"] = add_test_columns(tables["metrics"], pt)
+            if "table6" in tables and "true_level" in nulls.columns:
+                by = {k: validate_pairs(g.drop(columns="null_id"), f"{pairs_csv} (null emulator {k})")
+                      for k, g in nulls.groupby(nulls["null_id"].astype(str), sort=True)}
+                for name, table_of in (("table6", discordance_by_level), ("table7", or_by_level)):
+                    nt = pd.concat([table_of(p).assign(null_id=k) for k, p in by.items()], ignore_index=True)
+                    tables[name] = add_level_tests(tables[name], nt, LEVEL_TESTS[name], verdict, alpha)
     names = {"metrics": "metrics.csv", "table6": "table6_discordance_by_level.csv", "table7": "table7_or_by_level.csv",
              "null_test": "null_test.csv", "null_emulators": "null_emulators.csv"}
     return {k: _write_csv(t, out / names[k]) for k, t in tables.items()}
