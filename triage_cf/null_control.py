@@ -14,7 +14,7 @@ from scipy.stats import chi2_contingency
 from .rewrite import counterfactual_texts
 
 # %% auto #0
-__all__ = ['other_sex_rewrites', 'permute_sex', 'sex_level_association', 'null_counts', 'null_training_seed']
+__all__ = ['NULL_MODELS', 'other_sex_rewrites', 'permute_sex', 'sex_level_association', 'null_counts', 'null_training_seed']
 
 # %% ../nbs/03e_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
@@ -61,12 +61,15 @@ def sex_level_association(records: pd.DataFrame) -> dict:
     return dict(cramers_v=float(np.sqrt(chi2 / (tab.to_numpy().sum() * (min(tab.shape) - 1)))), chi2_p=float(p))
 
 # %% ../nbs/03e_null_control.ipynb #7d3b61f5
+#: The emulators that can have null emulators (stage 04_emulator: FT; 04b_baselines: FS, RF, MLP).
+NULL_MODELS = ("FT", "FS", "RF", "MLP")
+
 def null_counts(null_models, null_seeds) -> dict[str, int]:
     """$K$, the null emulators of each model of `null_models`: `null_seeds` is one count for all of them or a mapping
-    model -> count that names every one of them."""
+    model -> count that names every one of them (it may name other emulators of `NULL_MODELS`, which are ignored)."""
     models = [str(m) for m in (null_models or [])]
     if isinstance(null_seeds, Mapping):
-        given = {str(m): k for m, k in null_seeds.items()}
+        given = {str(m): k for m, k in null_seeds.items() if str(m) in models or str(m) not in NULL_MODELS}
         extra, missing = sorted(set(given) - set(models)), [m for m in models if m not in given]
         if extra or missing:
             raise ValueError(f"null_seeds {given}: " + "; ".join(
