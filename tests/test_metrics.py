@@ -200,11 +200,15 @@ def test_pretraining_difference_uses_joint_resamples():
 
 
 def test_impact_arithmetic():
-    t3 = pd.DataFrame([{"model": "FT", "condition": "full", "metric": "female_skew", "estimate": 0.021,
-                        "ci_low": 0.015, "ci_high": 0.027, "n_pairs": 1, "remark": ""}])
-    imp = M.impact_table(t3).set_index("country")
+    "A finding of the audit's test is scaled (with the test's CI); the same row without a finding, or untested, is not."
+    row = {"model": "FT", "condition": "full", "metric": "female_skew", "estimate": 0.021, "ci_low": 0.015,
+           "ci_high": 0.027, "n_pairs": 1, "remark": "", "fit_for_audit": True, "p": 0.001, "finding": True,
+           "train_ci_low": 0.012, "train_ci_high": 0.030}
+    imp = M.impact_table(pd.DataFrame([row])).set_index("country")
     assert imp.loc["France", "visits_per_year"] == pytest.approx(20.9e6 * 0.5 * 0.021)
-    assert imp.loc["United States", "visits_ci_high"] == pytest.approx(155.4e6 * 0.5 * 0.027)
+    assert imp.loc["United States", "visits_ci_high"] == pytest.approx(155.4e6 * 0.5 * 0.030)
+    for other in ({"finding": False, "mde": 0.05}, {"finding": pd.NA, "p": np.nan, "test": M.UNTESTED}):
+        assert not M.impact_table(pd.DataFrame([{**row, **other}])).reportable.any()
 
 
 # ---------------------------------------------------------------- one direction
