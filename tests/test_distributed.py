@@ -36,8 +36,8 @@ def setup(tmp_path_factory):
     return d, prompts, labels
 
 
-def _job(d, prompts, labels, out, epochs):
-    return dict(base=str(d / "base"), prompts=str(d / "prompts.json"), labels=labels, levels=LEVELS, out_dir=str(out),
+def _job(d, prompts, labels, out, epochs, prompts_file="prompts.json"):
+    return dict(base=str(d / "base"), prompts=str(d / prompts_file), labels=labels, levels=LEVELS, out_dir=str(out),
                 cpu=True, train=dict(epochs=epochs, batch_size=8, lr=5e-3, lora=False, seed=0, patience=epochs))
 
 
@@ -65,19 +65,25 @@ def test_two_processes_take_the_single_process_steps(setup):
 
 def test_killed_two_process_run_resumes_to_the_same_weights(setup):
     d, prompts, labels = setup
-    full = launch(_job(d, prompts, labels, d / "full", 3), d / "job-full", num_processes=2, timeout=600)
+    # 30 times the prompts: an epoch of about 90 steps per process, so that the kill (polled every 10 ms) lands after
+    # the first epoch's checkpoint and long before the third ends, even on an idle machine (with 48 prompts an epoch
+    # took under the old 0.2 s poll there, and the run finished before it was killed)
+    prompts, labels = prompts * 30, labels * 30
+    (d / "prompts_kill.json").write_text(json.dumps(prompts))
+    job = lambda out: _job(d, prompts, labels, out, 3, prompts_file="prompts_kill.json")
+    full = launch(job(d / "full"), d / "job-full", num_processes=2, timeout=600)
     (d / "job-kill").mkdir()
-    (d / "job-kill" / "job.json").write_text(json.dumps(_job(d, prompts, labels, d / "kill", 3)))
+    (d / "job-kill" / "job.json").write_text(json.dumps(job(d / "kill")))
     proc = subprocess.Popen(launch_command(d / "job-kill" / "job.json", 2, cpu=True), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = d / "kill" / "checkpoints" / "LATEST.json"
     t0 = time.time()
     while not latest.exists() and proc.poll() is None and time.time() - t0 < 600:
-        time.sleep(0.2)
+        time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)   # after the first epoch's checkpoint, in the middle of the second
     proc.wait()
     assert latest.exists() and json.loads(latest.read_text())["checkpoint"] in ("epoch-001", "epoch-002")
-    resumed = launch(_job(d, prompts, labels, d / "kill", 3), d / "job-kill", num_processes=2, timeout=600)
+    resumed = launch(job(d / "kill"), d / "job-kill", num_processes=2, timeout=600)
     a, b = load_file(full["weights"]), load_file(resumed["weights"])
     for k in a:
         assert torch.equal(a[k], b[k]), k
