@@ -15,15 +15,23 @@ the same pairs in the three views. Three rules are applied to the same runs:
   (b) today's "CI excludes 0" rule on the real RF's Table 3 row (bootstrap of pairs);
   (c) today's `exceeds_null` against the first null emulator (`metrics.null_comparison`, the chain's single twin).
 
+The MLP arm (`run_audit_mlp`) is the same audit for stage 04b's other cheap model: the MLP (one hidden layer of 200
+units, `baselines.fit_mlp`) on frozen all-MiniLM-L6-v2 embeddings (`baselines.SentenceEncoder`, cached by text hash
+in the audit's folder: the real MLP's and the K null MLPs' training texts are the original notes or their other-sex
+rewrites, so each text is embedded once), scoring stage 05's MLP pair subsample (the default profile's
+`mlp_max_pairs` pairs, holding its `ft_max_pairs` FT pairs, seed = the run's), null MLP k trained on permutation
+[seed, k] with `null_training_seed(seed, k)`; its fitness verdict is 07's against the prior and the same cohort's RF.
+
 Scale 0 (nothing planted: bias_tab = bias_text = 0) gives the false-positive rates; scales 1, 2, 5 times the
 dataset's default knobs (params/synth-*.yaml) give the power, beside the oracle's (its pair-bootstrap CI excludes 0
-on the same pairs). Only the audits of a fit RF count; unfit ones are counted and reported.
+on the same pairs). Only the audits of a fit model count; unfit ones are counted and reported.
 
 Cost: the rewritten notes of a record are the same for every permutation (permute_sex rewrites every record to the
 other sex before drawing the permutation), so `counterfactual_text` is memoised within an audit; each RF's pair
-predictions are cached under the cache folder, and each finished audit writes one JSON there (skipped on rerun).
+predictions are cached under the cache folder, the MLP arm's embeddings too, and each finished audit writes one JSON
+there (skipped on rerun: a killed run resumes at the audit it was in, with that audit's cached models and embeddings).
 
-    nice -n 19 .venv/bin/python benchmarks/null_calibration.py run [--null-seeds 20] [--planted-seeds 4] [--K 19]
+    nice -n 19 .venv/bin/python benchmarks/null_calibration.py run [--models RF MLP] [--null-seeds 20] [--planted-seeds 4] [--K 19]
     .venv/bin/python benchmarks/null_calibration.py summarise      # results JSON + Markdown from the finished audits
     .venv/bin/python benchmarks/null_calibration.py check-chain RUN_DIR   # RF pair predictions equal the chain's
 
@@ -48,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "benchmarks" / "results" / "null_calibration.json"
 CACHE = Path(os.environ.get("NULL_CALIBRATION_CACHE", "/tmp/null_calibration_cache"))
 DATASETS = ("synth-en", "synth-fr")
+MODELS = ("RF", "MLP")   # the cheap models of the default profile, both tested in the chain
 PROFILE = "default"
 VERSION = 3   # bump when what shapes an audit's result changes (cached audits of another version are not read)
 
@@ -139,7 +148,7 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
     "One model x cohort audit: real RF + K null RFs, the three rules; one JSON under `cache` (returned as is when present)."
     from threadpoolctl import threadpool_limits
     import triage_cf.null_control as null_control
-    from triage_cf.metrics import (TESTED_METRICS, VIEWS, fitness_table, null_comparison, permutation_test, table3)
+    from triage_cf.metrics import fitness_table
     from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics
     from triage_cf.rewrite import counterfactual_text
     from triage_cf.baselines import record_texts
@@ -187,28 +196,7 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
     nulls = pd.concat(null_long, ignore_index=True)
     fitness = fitness_table({"RF": test_pred, "oracle": orc_test}, d["levels"], n_boot=n_boot, seed=seed,
                             kappa_floor=0.20, baseline_margin=0.10)     # 07_metrics' defaults
-    pt = permutation_test(real, nulls, fitness, n_boot=n_boot, seed=seed)
-    t3 = table3(pd.concat([real, oracle], ignore_index=True), n_boot=n_boot, seed=seed)
-    twin = pd.concat([real, nulls[nulls.null_id == "RF_null0"].drop(columns="null_id").assign(model="RF_null")],
-                     ignore_index=True)
-    nc = null_comparison(twin, "RF", "RF_null", n_boot=n_boot, seed=seed)
-    checks = []
-    for cond in VIEWS:
-        for m in TESTED_METRICS:
-            p = pt[(pt.condition == cond) & (pt.metric == m)].iloc[0]
-            r = t3[(t3.model == "RF") & (t3.condition == cond) & (t3.metric == m)].iloc[0]
-            o = t3[(t3.model == "oracle") & (t3.condition == cond) & (t3.metric == m)].iloc[0]
-            e = nc[(nc.condition == cond) & (nc.metric == m)].iloc[0]
-            excl = lambda lo, hi: bool(np.isfinite([lo, hi]).all() and (lo > 0 or hi < 0))
-            checks.append(dict(condition=cond, metric=m, check=p.check, estimate=float(p.estimate),
-                               null_median=float(p.null_median), null_sd=float(p.null_sd), effect=float(p.effect),
-                               p=float(p.p), p_perm=float(p.p_perm), q=float(p.q),
-                               significant=None if pd.isna(p.significant) else bool(p.significant),
-                               finding=None if pd.isna(p.finding) else bool(p.finding), mde=float(p.mde),
-                               ci_low=float(r.ci_low), ci_high=float(r.ci_high), ci_excludes_0=excl(r.ci_low, r.ci_high),
-                               exceeds_null=None if pd.isna(e.exceeds_null) else bool(e.exceeds_null),
-                               oracle_estimate=float(o.estimate), oracle_ci_low=float(o.ci_low),
-                               oracle_ci_high=float(o.ci_high), oracle_ci_excludes_0=excl(o.ci_low, o.ci_high)))
+    checks = three_rules("RF", real, nulls, oracle, fitness, n_boot, seed)
     f = fitness.set_index("model").loc["RF"]
     res = dict(version=VERSION, key=key, dataset=dataset, scale=float(scale), seed=int(seed), K=int(K),
                bias_tab=synth["bias_tab"], bias_text=synth["bias_text"], n_records=n_records, n_cohort=len(d["cohort"]),
@@ -218,6 +206,137 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
                package=package_version(), rewriter=_rewriter_name(lang),
                search_nulls=bool(search_nulls), rf_params={k: str(v) for k, v in best.items()},
                permutation_counts=counts[:1], checks=checks, wall_s=round(time.perf_counter() - t0, 1))
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(out)
+    return res
+
+
+def three_rules(model: str, real: pd.DataFrame, nulls: pd.DataFrame, oracle: pd.DataFrame, fitness: pd.DataFrame,
+                n_boot: int, seed: int) -> list[dict]:
+    """The 15 checks of one audit under the three rules: (a) `permutation_test` against the K null emulators of
+    `nulls` (`null_id`), (b) the real model's Table 3 CI excludes 0, (c) `exceeds_null` against the first null emulator
+    (`<model>_null0`); the oracle's Table 3 row on the same pairs beside each."""
+    from triage_cf.metrics import TESTED_METRICS, VIEWS, null_comparison, permutation_test, table3
+    pt = permutation_test(real, nulls, fitness, n_boot=n_boot, seed=seed)
+    t3 = table3(pd.concat([real, oracle], ignore_index=True), n_boot=n_boot, seed=seed)
+    twin = pd.concat([real, nulls[nulls.null_id == f"{model}_null0"].drop(columns="null_id").assign(model=f"{model}_null")],
+                     ignore_index=True)
+    nc = null_comparison(twin, model, f"{model}_null", n_boot=n_boot, seed=seed)
+    excl = lambda lo, hi: bool(np.isfinite([lo, hi]).all() and (lo > 0 or hi < 0))
+    checks = []
+    for cond in VIEWS:
+        for m in TESTED_METRICS:
+            p = pt[(pt.condition == cond) & (pt.metric == m)].iloc[0]
+            r = t3[(t3.model == model) & (t3.condition == cond) & (t3.metric == m)].iloc[0]
+            o = t3[(t3.model == "oracle") & (t3.condition == cond) & (t3.metric == m)].iloc[0]
+            e = nc[(nc.condition == cond) & (nc.metric == m)].iloc[0]
+            checks.append(dict(condition=cond, metric=m, check=p.check, estimate=float(p.estimate),
+                               null_median=float(p.null_median), null_sd=float(p.null_sd), effect=float(p.effect),
+                               p=float(p.p), p_perm=float(p.p_perm), q=float(p.q),
+                               significant=None if pd.isna(p.significant) else bool(p.significant),
+                               finding=None if pd.isna(p.finding) else bool(p.finding), mde=float(p.mde),
+                               ci_low=float(r.ci_low), ci_high=float(r.ci_high), ci_excludes_0=excl(r.ci_low, r.ci_high),
+                               exceeds_null=None if pd.isna(e.exceeds_null) else bool(e.exceeds_null),
+                               oracle_estimate=float(o.estimate), oracle_ci_low=float(o.ci_low),
+                               oracle_ci_high=float(o.ci_high), oracle_ci_excludes_0=excl(o.ci_low, o.ci_high)))
+    return checks
+
+
+def mlp_audit_key(dataset: str, scale: float, seed: int, K: int, n_records: int, n_boot: int) -> str:
+    return audit_key(dataset, scale, seed, K, n_records, n_boot).replace(f"v{VERSION}_", f"v{VERSION}mlp_", 1)
+
+
+def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int | None, n_boot: int, cache: str) -> dict:
+    """One MLP x cohort audit, the chain's way: stage 05's MLP pair subsample (the FT pairs of `ft_max_pairs` plus a
+    stratified draw up to `mlp_max_pairs`, seed = the run's), stage 04b's `fit_mlp` on frozen MiniLM embeddings
+    (`SentenceEncoder`, cached by text hash under the audit's folder, so every text is embedded once for the real MLP
+    and its K null MLPs), null MLP k on `permute_sex` seed [seed, k] with training seed `null_training_seed(seed, k)`
+    (as 03e and 04b), and the fitness verdict of 07 against the prior and the RF baseline of the same cohort (the RF
+    arm's, computed here when that arm has not run; no FS). One JSON under `cache` (returned as is when present)."""
+    from threadpoolctl import threadpool_limits
+    import triage_cf.null_control as null_control
+    from triage_cf.baselines import SentenceEncoder, fit_mlp, proba_by_level, record_texts, torch_threads
+    from triage_cf.counterfactuals import pair_subsample
+    from triage_cf.emulator import proba_frame
+    from triage_cf.metrics import fitness_table
+    from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
+    from triage_cf.rewrite import counterfactual_text
+    from triage_cf.synth import oracle_proba
+    prm = chain_params(dataset)
+    base = dict(prm["synth"])
+    n_records = int(n_records or base["n_records"])
+    key = mlp_audit_key(dataset, scale, seed, K, n_records, n_boot)
+    out = Path(cache) / f"{key}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    t0 = time.perf_counter()
+    null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
+    synth = {**base, "n_records": n_records, "bias_tab": scale * float(base["bias_tab"]),
+             "bias_text": scale * float(base["bias_text"])}
+    work = Path(cache) / "models" / key
+    rf_work = Path(cache) / "models" / audit_key(dataset, scale, seed, K, n_records, n_boot)
+    work.mkdir(parents=True, exist_ok=True)
+    rf_work.mkdir(parents=True, exist_ok=True)
+    with threadpool_limits(1), torch_threads(1):
+        d = build_cohort(dataset, seed, synth, float(prm.get("test_size", 0.5)), prm.get("ft_eval_n"))
+        train, lang, tf, levels, pairs = d["train"], d["lang"], d["text_fields"], d["levels"], d["pairs"]
+        y_train = train["triage_level"].astype(int).to_numpy()
+        n_ok = int(pairs["in_pairs"].sum())
+        ft, mlp_mask = pairs["in_pairs"], pairs["in_pairs"]
+        ft_max, mlp_max = prm.get("ft_max_pairs"), prm.get("mlp_max_pairs")
+        if ft_max is not None and ft_max < n_ok:                                         # 05_counterfactuals
+            ft, _ = pair_subsample(pairs, int(ft_max), seed=seed)
+        if mlp_max is not None and mlp_max < n_ok:
+            mlp_mask, _ = pair_subsample(pairs, int(mlp_max), seed=seed, holding=ft)
+        scored = pairs[mlp_mask]
+        encoder, n_embedded = SentenceEncoder(cache_dir=work / "embedding_cache", threads=1), []
+        embed = lambda texts: (encoder.encode(texts), n_embedded.append(encoder.n_computed))[0]
+        t2 = d["table2_test"]
+        E_t2 = embed(record_texts(t2, "full", lang, text_fields=tf))
+        test_frame = lambda P: pd.concat([pd.DataFrame({"record_id": t2["record_id"].to_numpy(), "view": "full",
+                                                        "triage_level": t2["triage_level"].astype(int).to_numpy()}),
+                                          proba_frame(P, levels)], axis=1)
+        mlp, rep = fit_mlp(embed(record_texts(train, "full", lang, text_fields=tf)), y_train, levels, seed=seed)
+        got = []   # 06_predict's rendering of the scored pairs, kept to score the null MLPs on the same embeddings
+        pair_pred = text_model_pair_predictions(lambda t: (got.append(list(t)), proba_by_level(mlp, embed(t), levels))[1],
+                                                scored, tf, levels, lang)
+        test_pred = test_frame(proba_by_level(mlp, E_t2, levels))
+        pair_keys, E_pairs = pair_pred[["pair_id", "record_id", "view", "side"]], embed([x for t in got for x in t])
+        null_long, counts, n_iter = [], [], [rep["n_iter"]]
+        for k in range(K):
+            permuted, c = null_control.permute_sex(train, tf, lang, seed=[int(seed), k])
+            counts.append(c)
+            m_k, r_k = fit_mlp(embed(record_texts(permuted, "full", lang, text_fields=tf)), y_train, levels,
+                               seed=null_control.null_training_seed(seed, k))
+            n_iter.append(r_k["n_iter"])
+            npred = pd.concat([pair_keys, proba_frame(proba_by_level(m_k, E_pairs, levels), levels)], axis=1)
+            npred.to_parquet(work / f"MLP_null{k}_pairs.parquet", index=False)   # for leave-one-null-out and K' < K
+            null_long.append(pairs_for_metrics(npred, d["ok"], "MLP").assign(null_id=f"MLP_null{k}"))
+        pair_pred.to_parquet(work / "MLP_pairs.parquet", index=False)
+        rf_test, _, _ = _cached(rf_work / "RF", lambda: fit_and_score(
+            record_texts(train, "full", lang, text_fields=tf), y_train, d, seed))   # the RF arm's real RF
+        knobs = {k: v for k, v in synth.items() if k != "n_records"}
+        orc = oracle_pair_predictions(scored, tf, levels, lang, knobs)
+        full_p = oracle_proba(t2, lang, **knobs)[:, [l - 1 for l in levels]]
+        orc_test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int).to_numpy()),
+                              proba_frame(full_p / full_p.sum(1, keepdims=True), levels)], axis=1)
+    real = pairs_for_metrics(pair_pred, d["ok"], "MLP")
+    oracle = pairs_for_metrics(orc, d["ok"], "oracle")
+    fitness = fitness_table({"MLP": test_pred, "RF": rf_test, "oracle": orc_test}, levels, n_boot=n_boot, seed=seed,
+                            kappa_floor=0.20, baseline_margin=0.10)     # 07_metrics' defaults
+    checks = three_rules("MLP", real, pd.concat(null_long, ignore_index=True), oracle, fitness, n_boot, seed)
+    f = fitness.set_index("model")
+    res = dict(version=VERSION, key=key, model="MLP", dataset=dataset, scale=float(scale), seed=int(seed), K=int(K),
+               bias_tab=synth["bias_tab"], bias_text=synth["bias_text"], n_records=n_records, n_cohort=len(d["cohort"]),
+               n_train=len(train), n_test=len(d["test"]), n_fitness_test=len(t2), n_pairs=int(real.pair_id.nunique()),
+               n_pairs_valid=n_ok, n_boot=n_boot, kappa_w=float(f.loc["MLP", "kappa_w"]),
+               kappa_ci=[float(f.loc["MLP", "ci_low"]), float(f.loc["MLP", "ci_high"])],
+               rf_kappa_w=float(f.loc["RF", "kappa_w"]), fit_for_audit=bool(f.loc["MLP", "fit_for_audit"]),
+               fitness_reason=str(f.loc["MLP", "fitness_reason"]), package=package_version(), rewriter=_rewriter_name(lang),
+               search_nulls=False, mlp_n_iter=n_iter, n_texts_embedded=int(sum(n_embedded)),
+               ft_max_pairs=ft_max, mlp_max_pairs=mlp_max, permutation_counts=counts[:1], checks=checks,
+               wall_s=round(time.perf_counter() - t0, 1))
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1))
     tmp.replace(out)
@@ -252,31 +371,47 @@ def task_list(null_seeds: int, planted_seeds: int, scales, datasets=DATASETS, fi
     return null[:early] + first + null[early:] + [t for t in planted if t[2] != first_seed]
 
 
+def model_of(r: dict) -> str:
+    return r.get("model", "RF")   # the RF arm's audits (version 3) predate the field
+
+
+def result_path(cache: Path, model: str, t: tuple, a) -> Path:
+    n = a.n_records or chain_params(t[0])["synth"]["n_records"]
+    if model == "MLP":
+        return cache / f"{mlp_audit_key(t[0], t[1], t[2], a.K, n, a.n_boot)}.json"
+    return cache / f"{audit_key(t[0], t[1], t[2], a.K, n, a.n_boot)}{'_search' if a.search_nulls else ''}.json"
+
+
+def run_one(model: str, dataset, scale, seed, K, n_records, n_boot, cache, search_nulls) -> dict:
+    if model == "MLP":
+        return run_audit_mlp(dataset, scale, seed, K, n_records, n_boot, cache)
+    return run_audit(dataset, scale, seed, K, n_records, n_boot, cache, search_nulls)
+
+
 def cmd_run(a) -> None:
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    tasks = task_list(a.null_seeds, a.planted_seeds, a.scales, a.datasets)
-    sfx = "_search" if a.search_nulls else ""
-    todo = [t for t in tasks if not (cache / f"{audit_key(t[0], t[1], t[2], a.K, a.n_records or chain_params(t[0])['synth']['n_records'], a.n_boot)}{sfx}.json").exists()]
+    tasks = [(m, t) for t in task_list(a.null_seeds, a.planted_seeds, a.scales, a.datasets) for m in a.models]
+    todo = [(m, t) for m, t in tasks if not result_path(cache, m, t, a).exists()]
     print(f"{len(tasks) - len(todo)} of {len(tasks)} audits done; running {len(todo)} with {a.workers} worker(s)", flush=True)
     t0 = time.perf_counter()
-    args = lambda t: (t[0], t[1], t[2], a.K, a.n_records, a.n_boot, str(cache), a.search_nulls)
+    args = lambda m, t: (m, t[0], t[1], t[2], a.K, a.n_records, a.n_boot, str(cache), a.search_nulls)
+    report = lambda r: print(f"{time.strftime('%H:%M:%S')} {r['key']}: kappa_w {r['kappa_w']:.2f} fit {r['fit_for_audit']}, "
+                             f"{sum(bool(c['finding']) for c in r['checks'])} finding(s), {r['wall_s']:.0f} s", flush=True)
     if a.workers > 1:
         import multiprocessing
         with ProcessPoolExecutor(a.workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            futs = {ex.submit(run_audit, *args(t)): t for t in todo}
+            futs = {ex.submit(run_one, *args(m, t)): (m, t) for m, t in todo}
             for f in as_completed(futs):
                 try:
-                    r = f.result()
-                    print(f"{time.strftime('%H:%M:%S')} {r['key']}: kappa_w {r['kappa_w']:.2f} fit {r['fit_for_audit']}, "
-                          f"{sum(bool(c['finding']) for c in r['checks'])} finding(s), {r['wall_s']:.0f} s", flush=True)
+                    report(f.result())
                 except Exception as e:   # one failed audit is reported and the others go on
                     print(f"{futs[f]}: FAILED {type(e).__name__}: {e}", flush=True)
     else:
-        for t in todo:
-            r = run_audit(*args(t))
-            print(f"{r['key']}: kappa_w {r['kappa_w']:.2f}, {r['wall_s']:.0f} s", flush=True)
-    print(f"run wall time {time.perf_counter() - t0:.0f} s", flush=True)
+        for m, t in todo:
+            report(run_one(*args(m, t)))
+    a.wall_s = round(time.perf_counter() - t0)
+    print(f"run wall time {a.wall_s} s", flush=True)
     cmd_summarise(a)
 
 
@@ -301,17 +436,16 @@ RULES = {"finding": "permutation test (new finding flag)", "ci_excludes_0": "CI 
          "exceeds_null": "exceeds_null vs the first twin (today)"}
 
 
-def summarise(results: list[dict]) -> dict:
-    "Rates of the three rules over the fit audits, per arm (language x scale) and pooled over languages."
+def summarise(results: list[dict]) -> list[dict]:
+    "Rates of the three rules over the fit audits, per arm (model x language x scale) and pooled over languages."
     out = []
-    df = pd.DataFrame(results)
-    for scale in sorted(df.scale.unique()):
-        for ds in [*DATASETS, "both"]:
-            sub = [r for r in results if r["scale"] == scale and (ds == "both" or r["dataset"] == ds)]
+    for model, scale, ds in [(m, sc, ds) for m in sorted({model_of(r) for r in results}, key=MODELS.index)
+                             for sc in sorted({r["scale"] for r in results}) for ds in [*DATASETS, "both"]]:
+            sub = [r for r in results if model_of(r) == model and r["scale"] == scale and (ds == "both" or r["dataset"] == ds)]
             if not sub:
                 continue
             fit = [r for r in sub if r["fit_for_audit"]]
-            arm = dict(scale=float(scale), dataset=ds, n_audits=len(sub), n_fit=len(fit), n_unfit=len(sub) - len(fit),
+            arm = dict(model=model, scale=float(scale), dataset=ds, n_audits=len(sub), n_fit=len(fit), n_unfit=len(sub) - len(fit),
                        seeds=sorted({r["seed"] for r in sub}), kappa_w_median=float(np.median([r["kappa_w"] for r in sub])),
                        n_pairs_median=float(np.median([r["n_pairs"] for r in sub])), rules={})
             for rule in RULES:
@@ -380,7 +514,8 @@ def leave_one_null_out(results: list[dict], cache: Path) -> dict:
     prim = sec = fam = n_sets = n_sec = 0
     for r in fit:
         folder = cache / "models" / r["key"]
-        files = sorted(folder.glob("RF_null*_pairs.parquet"), key=lambda f: int(f.name[7:].split("_")[0]))
+        pre = f"{model_of(r)}_null"
+        files = sorted(folder.glob(f"{pre}*_pairs.parquet"), key=lambda f: int(f.name[len(pre):].split("_")[0]))
         if len(files) < 3:
             continue
         synth = {**chain_params(r["dataset"])["synth"], "n_records": r["n_records"], "bias_tab": r["bias_tab"],
@@ -416,8 +551,8 @@ def leave_one_null_out(results: list[dict], cache: Path) -> dict:
 
 
 def markdown(arms: list[dict], K: int) -> str:
-    lines = [f"| cohort | planted | fit audits (unfit) | rule | per-check rate [95% CI] | primary check | any finding (family-wise) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| model | cohort | planted | fit audits (unfit) | rule | per-check rate [95% CI] | primary check | any finding (family-wise) |",
+             "|---|---|---|---|---|---|---|---|"]
     f = lambda r: "-" if r["rate"] is None else f"{100 * r['rate']:.1f}% [{100 * r['ci_low']:.1f}, {100 * r['ci_high']:.1f}] ({r['k']}/{r['n']})"
     for a in arms:
         planted = "nothing" if a["scale"] == 0 else f"{a['scale']:g}x default"
@@ -425,55 +560,62 @@ def markdown(arms: list[dict], K: int) -> str:
             if rule not in a["rules"]:
                 continue
             r = a["rules"][rule]
-            lines.append(f"| {a['dataset']} | {planted} | {a['n_fit']} ({a['n_unfit']}) | {label} | {f(r['pooled'])} | "
+            lines.append(f"| {a['model']} | {a['dataset']} | {planted} | {a['n_fit']} ({a['n_unfit']}) | {label} | {f(r['pooled'])} | "
                          f"{f(r['primary'])} | {f(r['family_wise'])} |")
         if "oracle" in a:
             o = a["oracle"]
-            lines.append(f"| {a['dataset']} | {planted} | {a['n_fit']} ({a['n_unfit']}) | oracle, same pairs (CI excludes 0) | - | "
+            lines.append(f"| {a['model']} | {a['dataset']} | {planted} | {a['n_fit']} ({a['n_unfit']}) | oracle, same pairs (CI excludes 0) | - | "
                          f"{f(o['primary'])} | {f(o['any'])} |")
-    return "\n".join(lines) + f"\n\nRF arm, K = {K} null emulators per audit; rates over the fit audits' 15 checks " \
+    return "\n".join(lines) + f"\n\nK = {K} null emulators per audit; rates over the fit audits' 15 checks " \
         "(PDR, female skew, NMDF, NATS up/down x full, text-isolated, tabular-isolated views). Nothing planted: a rate is " \
         "a false-positive rate; planted: power.\n"
 
 
 def cmd_summarise(a) -> None:
     cache = Path(a.cache)
-    results = [json.loads(p.read_text()) for p in sorted(cache.glob(f"v{VERSION}_*.json"))]
-    results = [r for r in results if r["K"] == a.K and r["n_boot"] == a.n_boot and r["search_nulls"] == a.search_nulls and
-               (a.n_records is None or r["n_records"] == a.n_records)]
+    results = [json.loads(p.read_text()) for pat in (f"v{VERSION}_*.json", f"v{VERSION}mlp_*.json") for p in sorted(cache.glob(pat))]
+    results = [r for r in results if r["K"] == a.K and r["n_boot"] == a.n_boot and model_of(r) in a.models and
+               (model_of(r) != "RF" or r["search_nulls"] == a.search_nulls) and (a.n_records is None or r["n_records"] == a.n_records)]
     if not results:
         print("no finished audit in", cache)
         return
     arms = summarise(results)
-    planned = task_list(a.null_seeds, a.planted_seeds, a.scales, a.datasets)
-    done = {(r["dataset"], r["scale"], r["seed"]) for r in results}
+    planned = [(m, *t) for t in task_list(a.null_seeds, a.planted_seeds, a.scales, a.datasets) for m in a.models]
+    done = {(model_of(r), r["dataset"], r["scale"], r["seed"]) for r in results}
+    models = [m for m in MODELS if m in a.models]
     res = dict(benchmark="null_calibration", issue=24, complete=all(t in done for t in planned),
                n_audits_planned=len(planned), n_audits_done=len(results),
                note=("partial: only the finished audits are counted (n_audits per arm)" if not all(t in done for t in planned) else "complete"),
-               model="RF (TF-IDF + random forest; the real RF is stage 04b's, hyperparameter search included)",
+               models={"RF": "TF-IDF + random forest; the real RF is stage 04b's, hyperparameter search included",
+                       "MLP": "stage 04b's MLP (one hidden layer of 200 units) on frozen all-MiniLM-L6-v2 embeddings, scored "
+                              "on stage 05's MLP pair subsample (mlp_max_pairs, holding the ft_max_pairs FT pairs); fit for "
+                              "audit against the prior and the same cohort's RF (no FS in this benchmark)"},
+               models_run=models,
                null_hyperparameters=("each null RF runs the search" if a.search_nulls else
                                      "the real RF's searched hyperparameters, reused by every null RF (no search)"),
                K=a.K, n_boot=a.n_boot,
                design=dict(primary="female_skew / full view at alpha 0.05", secondary="14 other checks, BH within the model",
                            p="predictive t on the null emulators' mean and sd (K-1 df)", alpha=0.05,
                            null_emulators="permute_sex seed [seed, k], training seed seed + 1000 (k + 1), k = 0..K-1",
-                           fitness="fitness_table, kappa floor 0.20, on the default profile's ft_eval_n Table 2 test records "
-                                   "(no FS/MLP here, so no baseline-margin check)"),
+                           fitness="fitness_table, kappa floor 0.20, on the default profile's ft_eval_n Table 2 test records; "
+                                   "the RF alone (no baseline-margin check), the MLP against the RF (margin 0.10)"),
                conditions=dict(datasets=list(a.datasets), scales=[0.0, *map(float, a.scales)], null_seeds=a.null_seeds,
                                planted_seeds=a.planted_seeds,
                                default_knobs={ds: {k: chain_params(ds)["synth"][k] for k in ("bias_tab", "bias_text")} for ds in a.datasets}),
                sizes={ds: dict(n_records=sorted({r["n_records"] for r in results if r["dataset"] == ds}),
                                n_train_median=float(np.median([r["n_train"] for r in results if r["dataset"] == ds] or [np.nan])),
-                               n_pairs_median=float(np.median([r["n_pairs"] for r in results if r["dataset"] == ds] or [np.nan])),
+                               n_pairs_median={m: float(np.median([r["n_pairs"] for r in results if r["dataset"] == ds and model_of(r) == m] or [np.nan]))
+                                               for m in models},
                                n_fitness_test=sorted({r["n_fitness_test"] for r in results if r["dataset"] == ds}))
                       for ds in a.datasets},
-               audit_cpu_s=dict(median=float(np.median([r["wall_s"] for r in results])),
-                                total=float(np.sum([r["wall_s"] for r in results]))),
+               audit_cpu_s={m: dict(n=len(w), median=float(np.median(w)), total=float(np.sum(w)))
+                            for m in models if (w := [r["wall_s"] for r in results if model_of(r) == m])},
                package=sorted({r.get("package", "") for r in results}),
                rewriter=sorted({f"{r['dataset']}: {r.get('rewriter', '')}" for r in results}),
                machine=dict(python=platform.python_version(), cpus=os.cpu_count(), load_average=list(os.getloadavg())),
-               arms=arms, null_t_diagnostics=null_diagnostics(results),
-               leave_one_null_out=leave_one_null_out(results, cache), markdown=markdown(arms, a.K))
+               arms=arms, null_t_diagnostics={m: null_diagnostics([r for r in results if model_of(r) == m]) for m in models},
+               leave_one_null_out={m: leave_one_null_out([r for r in results if model_of(r) == m], cache) for m in models},
+               markdown=markdown(arms, a.K))
     if getattr(a, "wall_s", None):
         res["run_wall_s"] = a.wall_s
     out = Path(a.out)
@@ -521,6 +663,7 @@ def main(argv=None) -> None:
     ap.add_argument("command", choices=["run", "summarise", "check-chain"])
     ap.add_argument("run_dir", nargs="?")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--null-seeds", type=int, default=20)
     ap.add_argument("--planted-seeds", type=int, default=4)
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.0, 5.0])
