@@ -143,6 +143,22 @@ def audit_key(dataset: str, scale: float, seed: int, K: int, n_records: int, n_b
     return f"v{VERSION}_{dataset}_x{scale:g}_s{seed}_K{K}_n{n_records}_b{n_boot}"
 
 
+def audit_conditions(dataset: str, scale: float, n_records: int | None) -> tuple[dict, int, dict]:
+    "(the default profile's parameters, visits generated, generator knobs with `scale` times the default bias knobs)."
+    prm = chain_params(dataset)
+    base = dict(prm["synth"])
+    n_records = int(n_records or base["n_records"])
+    return prm, n_records, {**base, "n_records": n_records, "bias_tab": scale * float(base["bias_tab"]),
+                            "bias_text": scale * float(base["bias_text"])}
+
+
+def memoise_rewrites() -> None:
+    "g(field; sex) of a record does not depend on the permutation: `permute_sex` rewrites each (text, sex) once per audit."
+    import triage_cf.null_control as null_control
+    from triage_cf.rewrite import counterfactual_text
+    null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
+
+
 def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | None, n_boot: int, cache: str,
               search_nulls: bool = False) -> dict:
     "One model x cohort audit: real RF + K null RFs, the three rules; one JSON under `cache` (returned as is when present)."
@@ -150,20 +166,14 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
     import triage_cf.null_control as null_control
     from triage_cf.metrics import fitness_table
     from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics
-    from triage_cf.rewrite import counterfactual_text
     from triage_cf.baselines import record_texts
-    prm = chain_params(dataset)
-    base = dict(prm["synth"])
-    n_records = int(n_records or base["n_records"])
+    prm, n_records, synth = audit_conditions(dataset, scale, n_records)
     key = audit_key(dataset, scale, seed, K, n_records, n_boot) + ("_search" if search_nulls else "")
     out = Path(cache) / f"{key}.json"
     if out.exists():
         return json.loads(out.read_text())
     t0 = time.perf_counter()
-    # g(field; sex) of a record does not depend on the permutation: rewrite each (text, sex) once per audit
-    null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
-    synth = {**base, "n_records": n_records, "bias_tab": scale * float(base["bias_tab"]),
-             "bias_text": scale * float(base["bias_text"])}
+    memoise_rewrites()
     work = Path(cache) / "models" / key
     work.mkdir(parents=True, exist_ok=True)
     with threadpool_limits(1):
@@ -261,19 +271,14 @@ def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int 
     from triage_cf.emulator import proba_frame
     from triage_cf.metrics import fitness_table
     from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
-    from triage_cf.rewrite import counterfactual_text
     from triage_cf.synth import oracle_proba
-    prm = chain_params(dataset)
-    base = dict(prm["synth"])
-    n_records = int(n_records or base["n_records"])
+    prm, n_records, synth = audit_conditions(dataset, scale, n_records)
     key = mlp_audit_key(dataset, scale, seed, K, n_records, n_boot)
     out = Path(cache) / f"{key}.json"
     if out.exists():
         return json.loads(out.read_text())
     t0 = time.perf_counter()
-    null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
-    synth = {**base, "n_records": n_records, "bias_tab": scale * float(base["bias_tab"]),
-             "bias_text": scale * float(base["bias_text"])}
+    memoise_rewrites()
     work = Path(cache) / "models" / key
     rf_work = Path(cache) / "models" / audit_key(dataset, scale, seed, K, n_records, n_boot)
     work.mkdir(parents=True, exist_ok=True)
