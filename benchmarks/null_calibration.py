@@ -152,11 +152,13 @@ def audit_conditions(dataset: str, scale: float, n_records: int | None) -> tuple
                             "bias_text": scale * float(base["bias_text"])}
 
 
-def memoise_rewrites() -> None:
-    "g(field; sex) of a record does not depend on the permutation: `permute_sex` rewrites each (text, sex) once per audit."
+def memoise_rewrites() -> float:
+    """g(field; sex) of a record does not depend on the permutation: `permute_sex` rewrites each (text, sex) once per
+    audit from here on. Returns the audit's start time (`time.perf_counter`)."""
     import triage_cf.null_control as null_control
     from triage_cf.rewrite import counterfactual_text
     null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
+    return time.perf_counter()
 
 
 def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | None, n_boot: int, cache: str,
@@ -170,10 +172,9 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
     prm, n_records, synth = audit_conditions(dataset, scale, n_records)
     key = audit_key(dataset, scale, seed, K, n_records, n_boot) + ("_search" if search_nulls else "")
     out = Path(cache) / f"{key}.json"
-    if out.exists():
+    if out.exists():   # a finished audit is read, not rerun
         return json.loads(out.read_text())
-    t0 = time.perf_counter()
-    memoise_rewrites()
+    t0 = memoise_rewrites()
     work = Path(cache) / "models" / key
     work.mkdir(parents=True, exist_ok=True)
     with threadpool_limits(1):
@@ -275,10 +276,9 @@ def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int 
     prm, n_records, synth = audit_conditions(dataset, scale, n_records)
     key = mlp_audit_key(dataset, scale, seed, K, n_records, n_boot)
     out = Path(cache) / f"{key}.json"
-    if out.exists():
+    if out.exists():   # a finished audit is read, not rerun
         return json.loads(out.read_text())
-    t0 = time.perf_counter()
-    memoise_rewrites()
+    t0 = memoise_rewrites()
     work = Path(cache) / "models" / key
     rf_work = Path(cache) / "models" / audit_key(dataset, scale, seed, K, n_records, n_boot)
     work.mkdir(parents=True, exist_ok=True)
