@@ -233,7 +233,7 @@ def test_unfit_models_greyed_and_never_no_bias(run):
     impact = h[h.index("<section id='impact'>"):h.index("<section id='appendix'>")]
     assert "about 219,000 [104,000, 334,000] visits by women a year" in impact and "1,500,000" not in impact
     assert "<li class='unfit'>FT (full view): FT not fit for audit</li>" in impact
-    assert "empirical false-positive rate of 4.5%" in summary
+    assert "metric CIs excluding 0 (4.5%)" in summary and "never from a CI that excludes 0" in summary
 
 
 def test_table3_numbers_match_format_table3(run):

@@ -486,14 +486,16 @@ def _flow_counts(rt: RunTables) -> tuple[str, str]:
     return n_in, n_out
 
 def false_positive_sentence(fp: pd.DataFrame | None) -> str:
-    "The null twins' empirical false-positive rate (share of their metric CIs that exclude 0), from null_false_positive.csv."
+    "The null emulators' share of pair-bootstrap CIs that exclude 0 (null_false_positive.csv), and why it is not the test's level."
     if fp is None or not len(fp) or not {"n_metrics", "n_ci_excludes_0"} <= set(fp.columns):
         return ""
     n, k = sum(num(x) for x in fp.n_metrics), sum(num(x) for x in fp.n_ci_excludes_0)
     if not n > 0:
         return ""
-    return (f"Null control: the null twins (the same models trained with the sex permuted) have {k:.0f} of {n:.0f} metric CIs excluding 0, "
-            f"an empirical false-positive rate of {100 * k / n:.1f}% (95% CIs: about 5% expected).")
+    return (f"Null control: the null emulators (the same models trained with the sex permuted) have {k:.0f} of {n:.0f} metric "
+            f"CIs excluding 0 ({100 * k / n:.1f}%). These bootstrap CIs resample the pairs of one trained model and leave out "
+            "its training noise, so with nothing to find they exclude 0 far more often than 5%; a finding comes from the test "
+            "against the null emulators, never from a CI that excludes 0.")
 
 # %% ../nbs/09_report.ipynb #c7072699
 def null_test_frame(pt: pd.DataFrame) -> pd.DataFrame:
@@ -755,12 +757,12 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
         nc = nc.assign(model=[f"{b} null twin" + (f" (seed {s})" if str(s) != "" else "") for b, s in zip(base, _col(nc, "null_seed"))])
         w, cc = table3_wide(nc, fit.iloc[:0])
         parts.append(table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), rt.label("Table"),
-                                 "Null control: the null twins' own metrics (each model retrained with the sex permuted); "
+                                 "Null control: the null emulators' own metrics (each model retrained with the sex permuted); "
                                  "their CIs should cover 0.", "tables/null_control.csv"))
     fp = rt.take_table("null_false_positive")
     if fp is not None:
-        parts.append(table_block(render_frame(fp), rt.label("Table"), "Empirical false-positive rate of the null twins: "
-                                 "share of their metric CIs that exclude 0.", "tables/null_false_positive.csv",
+        parts.append(table_block(render_frame(fp), rt.label("Table"), "The null emulators' pair-bootstrap CIs: "
+                                 "share of their metric CIs that exclude 0 (not the test's level: see the note).", "tables/null_false_positive.csv",
                                  note=html.escape(false_positive_sentence(fp))))
     pt = rt.take_table("null_test")
     if pt is not None and len(pt):
@@ -771,9 +773,9 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
                                  "skew in the full view at α = 0.05; the other checks carry Benjamini–Hochberg q-values "
                                  "within the model. MDE: the smallest effect the test detects with 80% power.",
                                  "tables/null_test.csv", note=html.escape(f"Null emulators per model: {k}.")))
-    parts.append(generic_block(rt, "null_control_permutation", "How the null twins' training data were made: the sex "
+    parts.append(generic_block(rt, "null_control_permutation", "How the null emulators' training data were made: the sex "
                                "permuted within strata, its association with the triage level before and after."))
-    parts.append(generic_block(rt, "null_baselines", "The null twins' own cross-validated kappa_w."))
+    parts.append(generic_block(rt, "null_baselines", "The null emulators' own cross-validated kappa_w."))
     return section("bias", "Gender bias metrics (paper §3.3)", parts)
 
 # %% ../nbs/09_report.ipynb #87503e1f
