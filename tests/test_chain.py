@@ -165,3 +165,26 @@ def test_durable_chunks_interrupted_and_corrupted(toy, monkeypatch):
     assert json.loads(chunk.read_text()) == {"rows": 3} and (out / "tables" / "d.csv").read_text() == "rows\n3\n"
     assert "resumed_from" not in rec and rec["outputs"][rel] == sha256_file(chunk)
     assert not any("_quarantine" in k for k in rec["outputs"])
+
+
+@pytest.mark.skipif(os.name != "posix", reason="IPC sockets are a POSIX transport; elsewhere the kernels use TCP")
+def test_stage_kernels_side_by_side_get_their_own_ipc_sockets(tmp_path):
+    """Stage kernels started at the same moment, as two chains side by side start them, talk over IPC sockets with
+    their own names, not over free TCP ports that two kernels can both pick (the race killed a kernel before it
+    replied to kernel_info, tests/test_crash_resume.py's reference run once); their socket files are removed."""
+    from jupyter_core.paths import jupyter_runtime_dir
+    nb = tmp_path / "k.ipynb"
+    nbformat.write(_nb([("code", "import json\nfrom ipykernel import get_connection_info\n"
+                                 "c = json.loads(get_connection_info())\nprint(c['transport'], c['ip'])")]), nb)
+    code = ("import sys\nfrom pathlib import Path\nfrom triage_cf.chain import _execute\n"
+            "_execute(Path(sys.argv[1]), Path(sys.argv[2]), {}, progress=False)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(nb), str(tmp_path / f"out{i}.ipynb")], cwd=tmp_path,
+                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errs
+    seen = [nbformat.read(tmp_path / f"out{i}.ipynb", 4).cells[0].outputs[0]["text"].split() for i in range(3)]
+    assert [t for t, _ in seen] == ["ipc"] * 3
+    ips = [ip for _, ip in seen]
+    assert len(set(ips)) == 3 and all(Path(ip).parent == Path(jupyter_runtime_dir()) for ip in ips), ips
+    assert not [f for ip in ips for f in Path(ip).parent.glob(Path(ip).name + "-*")]   # sockets cleaned up
+    assert not list(tmp_path.glob("kernel-ipc*"))   # nothing in the kernels' working folder

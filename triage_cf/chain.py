@@ -382,10 +382,40 @@ def _record_scan(run: dict, stage: str, findings: list, policy, say) -> None:
             "in rendered outputs; see run.json")
 
 
+def kernel_manager_class():
+    """The kernel manager of the stage kernels: on POSIX they talk over IPC sockets with a unique name in Jupyter's
+    runtime folder, so that chains running side by side (a batch over datasets, a test beside its reference run)
+    cannot race for the same free TCP port, a race that kills a kernel before it replies to `kernel_info`. TCP,
+    Jupyter's default, where IPC is not available (Windows) or the runtime folder's path is too long for a socket."""
+    from jupyter_client import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+    runtime = jupyter_runtime_dir()
+    # a socket path holds at most 104 bytes (macOS; 108 on Linux): <runtime>/triage-cf-<12 hex>-ipc-<n>
+    if os.name != "posix" or len(os.fsencode(runtime)) + 32 > 104:
+        return AsyncKernelManager
+    global _IPCKernelManager
+    if _IPCKernelManager is None:
+        import uuid
+        from traitlets import CaselessStrEnum, default
+
+        class IPCKernelManager(AsyncKernelManager):
+            transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+            @default("ip")
+            def _ip_default(self) -> str:   # Jupyter's default is "kernel-ipc" in the kernel's cwd, shared by all
+                os.makedirs(runtime, exist_ok=True)
+                return os.path.join(runtime, f"triage-cf-{uuid.uuid4().hex[:12]}")
+        _IPCKernelManager = IPCKernelManager
+    return _IPCKernelManager
+
+_IPCKernelManager = None
+
+
 def _execute(nb: Path, out_nb: Path, parameters: dict, progress: bool) -> None:
     import papermill as pm
     pm.execute_notebook(str(nb), str(out_nb), parameters=parameters, kernel_name="python3", cwd=str(nb.parent),
-                        progress_bar=progress, log_output=False, request_save_on_cell_execute=False)
+                        progress_bar=progress, log_output=False, request_save_on_cell_execute=False,
+                        kernel_manager_class=kernel_manager_class())
 
 
 def stage_setup(stage: str, dataset: str, profile: str, run_dir: str | Path | None = None, seed: int | None = None) -> RunPaths:
