@@ -139,7 +139,7 @@ def test_resume_gives_identical_weights(tok, tmp_path):
                          callback=kill_after_first, **kw)
     assert json.loads((tmp_path / "b" / "checkpoints" / "LATEST.json").read_text()) == {"checkpoint": "epoch-001"}
     resumed = E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts, recs.triage_level, LEVELS, tmp_path / "b", **kw)
-    a, b = E._trainable_state(full.model), E._trainable_state(resumed.model)
+    a, b = E.trainable_state(full.model), E.trainable_state(resumed.model)
     assert a.keys() == b.keys() and len(a) > 0
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["train_loss"] for r in full.history] == [r["train_loss"] for r in resumed.history]

@@ -1,6 +1,9 @@
 """The package's layers: the import graph of `triage_cf/` has no cycle, and no module imports a `triage_cf` module
 inside a function (an import inside a function hides a dependency, and a hidden one is how cycles creep in).
 
+Each name is defined in one module (one definition per concept: a shared one is imported, two concepts get two names), and
+no module imports another's private (`_`-prefixed) name: what crosses a module boundary is public.
+
 Only the standard library's `ast` reads the sources: nothing is imported, so the test also holds for modules whose
 optional heavy dependencies (torch, transformers, vllm...) are not installed. Heavy third-party imports may stay inside
 functions; only imports of the package's own modules are checked."""
@@ -17,6 +20,15 @@ ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {
     # the spawned workers of the recovery grid must run the installed module's function: in the notebook, run_grid's
     # own module is __main__, which a spawned process cannot import
     ("recovery", "recovery"): "recovery.run_grid: the installed module, for spawned workers",
+}
+
+#: names defined at the top level of more than one module, with the reason; each entry that is not an interface is a debt.
+ALLOWED_TWICE: dict[str, str] = {
+    "main": "the entry point of each command-line module (cli, docs), called by console_scripts / python -m",
+    "register": "the hook each CLI part module (cli_data, cli_margins, cli_tbias) gives cli.py to add its subcommands",
+    # debt: two samplers of one idea. The emulator's keeps a one-record stratum whole and says how it drew; the recovery
+    # study's pools one-record strata of several columns. One implementation changes the recovery study's draws.
+    "stratified_subsample": "emulator (training subsample, one column) and recovery (several columns); to be merged",
 }
 
 
@@ -145,3 +157,49 @@ def test_allowlist_has_no_stale_entry():
              and m in _targets(n, m, set(mods))}
     stale = sorted(set(ALLOWED_IN_FUNCTION) - used)
     assert not stale, f"ALLOWED_IN_FUNCTION lists imports that no longer happen inside a function: {stale}"
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    "Names a module defines at its top level (functions, classes, assignments); dunders such as `__all__` left out."
+    out: set[str] = set()
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Assign):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+    return {x for x in out if not x.startswith("__")}
+
+
+def defined_twice() -> dict[str, list[str]]:
+    "Name -> the modules that define it, for every name defined at the top level of more than one module."
+    where: dict[str, list[str]] = {}
+    for m, tree in modules().items():
+        for name in top_level_names(tree):
+            where.setdefault(name, []).append(m)
+    return {k: sorted(v) for k, v in where.items() if len(v) > 1}
+
+
+def test_top_level_names_read_defs_and_assignments():
+    tree = ast.parse("X = 1\nY: int = 2\n__all__ = []\ndef f(): Z = 3\nclass C: W = 4\n_p = 5\n")
+    assert top_level_names(tree) == {"X", "Y", "f", "C", "_p"}
+
+
+def test_no_name_defined_twice():
+    bad = {k: v for k, v in defined_twice().items() if k not in ALLOWED_TWICE}
+    assert not bad, ("names defined in more than one module (import the one definition, or give the two concepts two "
+                     "names):\n" + "\n".join(f"{k}: {', '.join(v)}" for k, v in sorted(bad.items())))
+    stale = sorted(set(ALLOWED_TWICE) - set(defined_twice()))
+    assert not stale, f"ALLOWED_TWICE lists names that are now defined once: {stale}"
+
+
+def test_no_private_name_crosses_a_module():
+    mods = modules()
+    bad = []
+    for m, tree in mods.items():
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and _targets(n, m, set(mods)) - {m}:
+                bad += [f"triage_cf/{m}.py:{n.lineno} imports {a.name} from {n.module or '.'}" for a in n.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, "private names imported from another module (make them public, or move them):\n" + "\n".join(bad)

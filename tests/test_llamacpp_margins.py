@@ -97,8 +97,9 @@ def test_topk_decision_position_and_censored_bound(llamacpp, tmp_path):
         exact = np.sort(lp[~np.asarray(r["lp_censored"])])[::-1]
         if len(exact) >= 2 and not r["delta_m_censored"]:
             assert r["delta_m"] == pytest.approx(exact[0] - exact[1], abs=1e-9) and r["delta_m"] >= 0
-        # the server's top-20 at that position holds 20 tokens, and a level outside it is flagged censored
-        assert len(digit.top) == 20
+        # the server's top-20 at that position: 20 tokens, fewer texts where distinct token ids decode to the same text
+        # (byte-level pieces; merged by top_alternatives), and a level outside it is flagged censored
+        assert 2 <= len(digit.top) <= 20 and digit.token in digit.top
         assert [bool(c) for c in r["lp_censored"]] == [not any(t.strip() == str(l) for t in digit.top) for l in ID_SCALE["levels"]]
     same = [i for i in ok if poor[i]["text"] == rich[i]["text"] and poor[i]["outcome"] == "ok"]
     assert same, "greedy answers differ between the top-20 and top-2 requests"

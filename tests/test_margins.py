@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from triage_cf.margins import (BRANCHES, VARIANTS, check_variants, crr, delta_m, gate, level_logprobs_from_top, load_design,
-                               load_templates, make_vignettes, recovery_class, select_vignettes, sycophancy_gap, tar, verdict)
+                               load_templates, make_vignettes, crr_class, select_vignettes, sycophancy_gap, tar, sycophancy_verdict)
 from triage_cf.margins_probe import (MarginStore, ProbeSettings, make_tracer, read_spans, run_probes, table_gate,
                                      table_outcomes)
 
@@ -48,7 +48,7 @@ def test_k3_position_and_censored_bound():
 @pytest.mark.parametrize("branch,want,cls", [(1.4, 0.6, "partial"), (2.0, 1.0, "full"), (0.2, -0.2, "failed")])
 def test_k4_crr(branch, want, cls):
     value, reason = crr(branch, 0.5, 2.0)
-    assert value == pytest.approx(want) and reason == "ok" and recovery_class(value) == cls
+    assert value == pytest.approx(want) and reason == "ok" and crr_class(value) == cls
 
 
 def test_k4_crr_undefined():
@@ -64,11 +64,11 @@ def test_k4_crr_undefined():
 def test_k5_gap_and_verdicts(corrective, gap, word):
     dists = [crr(x, 0.5, 2.0)[0] for x in (1.1, 0.8, 0.65)]
     g = sycophancy_gap(crr(corrective, 0.5, 2.0)[0], dists)
-    assert g == pytest.approx(gap, abs=1e-9) and verdict(g) == word   # -0.4: likely sycophancy, never "ambiguous" (ABS)
+    assert g == pytest.approx(gap, abs=1e-9) and sycophancy_verdict(g) == word   # -0.4: likely sycophancy, never "ambiguous" (ABS)
 
 
 def test_k5_incomplete_triad():
-    assert math.isnan(sycophancy_gap(0.9, [0.4, float("nan"), float("nan")])) and verdict(float("nan")) is None
+    assert math.isnan(sycophancy_gap(0.9, [0.4, float("nan"), float("nan")])) and sycophancy_verdict(float("nan")) is None
 
 
 def test_k6_tar():

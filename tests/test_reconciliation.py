@@ -17,7 +17,7 @@ def verdict(book, nid):
 
 def test_every_number_has_a_known_verdict(book):
     numbers, checks, v = book
-    assert len(v) == len(numbers) and set(v.verdict) <= set(R.VERDICTS)
+    assert len(v) == len(numbers) and set(v.verdict) <= set(R.RECONCILIATION_VERDICTS)
     assert set(checks.target) <= set(numbers.id)
 
 

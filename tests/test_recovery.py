@@ -68,13 +68,13 @@ def test_coverage_and_summary_constructed():
     for seed, spurious in ((1, False), (2, True), (3, False)):
         for model in ("FT", "oracle"):
             for view in VIEWS:
-                for metric in R.HEADLINE_METRICS:
+                for metric in R.COVERAGE_METRICS:
                     est = 0.04 if (spurious and model == "FT" and view == "text_iso") else 0.0
                     rows.append(dict(condition="none", knob="none", scale=0.0, seed=seed, model=model,
                                      **_row(view, metric, est, est - 0.02, est + 0.02, 0.0, 0.0, 0.0)))
     for model, est in (("FT", -0.05), ("oracle", 0.05)):   # text knob: FT gets the sign wrong
         for view in VIEWS:
-            for metric in R.HEADLINE_METRICS:
+            for metric in R.COVERAGE_METRICS:
                 moves = view != "tab_iso"
                 e = est if moves else 0.0
                 rows.append(dict(condition="text_x1", knob="text", scale=1.0, seed=1, model=model,
@@ -160,7 +160,7 @@ def test_recovery_classes_counts_per_emulator_knob_and_scale():
     rows = []
     for scale, ft_lo in ((1.0, -0.01), (5.0, 0.01)):     # FT misses at scale 1 (the oracle detects), recovers at 5
         for view, tr in (("full", 0.02), ("tab_iso", 0.02), ("text_iso", 0.0)):
-            for metric in R.HEADLINE_METRICS:
+            for metric in R.COVERAGE_METRICS:
                 rows += [("FT", "tiny-llama", 1500 + int(scale), view, metric, ft_lo if tr else -0.01, 0.03, tr),
                          ("oracle", "tiny-llama", 1500 + int(scale), view, metric, 0.005 if tr else 0.0, 0.03 if tr else 0.0, tr)]
     parts = []

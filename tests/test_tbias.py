@@ -13,7 +13,7 @@ import json
 
 from triage_cf.tbias_allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_requests, allocation_stats, make_pairs,
                                         make_patients, parse_choice, run_allocation)
-from triage_cf.tbias_words import (RESOURCE_DIR, association_requests, bias_score, bootstrap_bias, load_words, parse_word_labels,
+from triage_cf.tbias_words import (TBIAS_RESOURCE_DIR, association_requests, bias_score, bootstrap_bias, load_words, parse_word_labels,
                                    word_corpus)
 
 
@@ -126,7 +126,7 @@ def test_parse_word_labels_issue_25_formats(response):
 
 # ------------------------------------------------------------------ the answer corpora: every answer parses as a person reads it
 def _corpus(name):
-    return [json.loads(l) for l in (RESOURCE_DIR / name).read_text(encoding="utf-8").splitlines() if l.strip()]
+    return [json.loads(l) for l in (TBIAS_RESOURCE_DIR / name).read_text(encoding="utf-8").splitlines() if l.strip()]
 
 
 WORD_CORPUS, ALLOCATION_CORPUS = _corpus("answers_word_association.jsonl"), _corpus("answers_allocation.jsonl")

@@ -21,7 +21,7 @@ import pandas as pd
 
 from .core import VIEWS, atomic_write_bytes, file_sha256, seed_everything, sha256_text, write_json
 from .emulator import prompt_fields, render_patient
-from .emulator import _epoch_batches as _emulator_epoch_batches
+from .emulator import epoch_batches
 
 # %% auto #0
 __all__ = ['TABLE2_COLUMNS', 'RF_GRID', 'MINILM_PACKAGE', 'FS_PAPER', 'FS_SMOKE', 'FS_DEFAULT', 'FS_PROFILES', 'FS_SPECIALS',
@@ -455,9 +455,9 @@ def _device(device: str | None) -> str:
     import torch
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
-def _epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+def _fs_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     "Shuffled batches of similar-length texts (the emulator's batching, sorted within chunks of 16 batches)."
-    return _emulator_epoch_batches(lengths, batch_size, seed, epoch, chunk_batches=16)
+    return epoch_batches(lengths, batch_size, seed, epoch, chunk_batches=16)
 
 def _encode(tokenizer, texts: Sequence[str], max_length: int) -> tuple[list[list[int]], int]:
     "(token ids with <s> … </s>, number of texts truncated to `max_length` tokens)."
@@ -499,7 +499,7 @@ def pretrain_mlm(texts: Sequence[str], tokenizer, settings: Mapping | str | None
     model.train()
     for epoch in range(1, s["mlm_epochs"] + 1):
         t0, tot, n_tok = time.perf_counter(), 0.0, 0
-        for b in tqdm(_epoch_batches(lengths, s["mlm_batch_size"], seed, epoch), desc=f"MLM epoch {epoch}",
+        for b in tqdm(_fs_batches(lengths, s["mlm_batch_size"], seed, epoch), desc=f"MLM epoch {epoch}",
                       disable=not progress):
             batch = coll([{"input_ids": seqs[i]} for i in b])
             batch = {k: v.to(dev) for k, v in batch.items()}
@@ -568,7 +568,7 @@ def finetune_fs(mlm_model, tokenizer, texts: Sequence[str], labels: Sequence[int
     for epoch in range(1, s["epochs"] + 1):
         model.train()
         t0, tot = time.perf_counter(), 0.0
-        for b in tqdm(_epoch_batches([len(seqs[i]) for i in tr], s["batch_size"], seed, epoch),
+        for b in tqdm(_fs_batches([len(seqs[i]) for i in tr], s["batch_size"], seed, epoch),
                       desc=f"FS epoch {epoch}", disable=not progress):
             ids = tr[b]
             loss = model(**_pad([seqs[i] for i in ids], pad_id, dev), labels=torch.as_tensor(pos[ids], device=dev)).loss

@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .core import resource_path
 from .rewrite import LANGS, sex_specific_matches, sex_specific_terms
 
 # %% auto #0
@@ -26,7 +26,7 @@ def load_terms(name: str | Path) -> list[str]:
     p = Path(name)
     text = p.read_text(encoding="utf-8") if p.is_file() else None
     if text is None:
-        res = resources.files("triage_cf") / "resources" / str(name)
+        res = resource_path(str(name))
         if not res.is_file():
             raise FileNotFoundError(f"term list {name!r} is neither a file nor in triage_cf/resources/")
         text = res.read_text(encoding="utf-8")
@@ -35,7 +35,7 @@ def load_terms(name: str | Path) -> list[str]:
         raise ValueError(f"term list {name!r} is empty")
     return terms
 
-def _norm(s: pd.Series) -> pd.Series:
+def _fold_case(s: pd.Series) -> pd.Series:
     return s.astype("string").map(lambda x: unicodedata.normalize("NFC", x).casefold() if isinstance(x, str) else x).astype("string")
 
 def _norm_term(t: str) -> str:
@@ -43,7 +43,7 @@ def _norm_term(t: str) -> str:
 
 def term_hits(texts: pd.Series, terms: list[str]) -> pd.DataFrame:
     "Boolean frame (rows x terms): does each text contain each term (case-insensitive substring)? Missing text: False."
-    t = _norm(texts)
+    t = _fold_case(texts)
     return pd.DataFrame({term: t.str.contains(_norm_term(term), regex=False).fillna(False).astype(bool) for term in terms},
                         index=texts.index)
 

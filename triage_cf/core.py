@@ -8,12 +8,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import re
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,11 +30,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # %% auto #0
 __all__ = ['TEXT_COLUMNS', 'VIEWS', 'ACCESS_LEVELS', 'AGGREGATE_ONLY', 'MIN_CELL', 'PRIMARY', 'COMPLEMENTARY', 'CHAIN_ENV',
-           'repo_root', 'data_root', 'manifest_dir', 'read_yaml', 'read_manifest', 'deep_merge', 'load_params',
-           'RunPaths', 'runs_root', 'run_dir_for', 'AccessPolicy', 'policy_for_dataset', 'policy_for_run',
-           'count_columns', 'suppress_small_cells', 'sha256_file', 'sha256_text', 'file_sha256', 'atomic_write_bytes',
-           'atomic_write_text', 'write_json', 'write_parquet', 'read_parquet', 'write_table', 'read_table',
-           'save_figure', 'seed_everything', 'in_chain']
+           'repo_root', 'data_root', 'manifest_dir', 'resource_path', 'is_missing', 'read_yaml', 'read_manifest',
+           'deep_merge', 'load_params', 'RunPaths', 'runs_root', 'run_dir_for', 'AccessPolicy', 'policy_for_dataset',
+           'policy_for_run', 'count_columns', 'suppress_small_cells', 'sha256_file', 'sha256_text', 'file_sha256',
+           'atomic_write_bytes', 'atomic_write_text', 'write_json', 'write_parquet', 'read_parquet', 'write_table',
+           'read_table', 'save_figure', 'seed_everything', 'in_chain']
 
 # %% ../nbs/00_core.ipynb #107295d5
 def repo_root() -> Path:
@@ -55,9 +57,18 @@ def manifest_dir() -> Path:
     "Folder of the dataset manifests (`data_manifest/<name>.yaml`)."
     return repo_root() / "data_manifest"
 
+def resource_path(*parts: str) -> Path:
+    "A data file or folder of the package, `triage_cf/resources/<parts>` (word lists, lexicons, templates, phrase tables)."
+    return Path(str(resources.files("triage_cf").joinpath("resources", *parts)))
+
 # %% ../nbs/00_core.ipynb #225a00b6
 TEXT_COLUMNS: list[str] = ["cc_text", "hpi", "pmh", "note"]
 VIEWS: tuple[str, ...] = ("full", "text_iso", "tab_iso")
+
+# %% ../nbs/00_core.ipynb #9d97a5c2
+def is_missing(v) -> bool:
+    "True for None, `pd.NA`, `pd.NaT` and a float NaN (numpy floats included); False for any other value."
+    return v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v))
 
 # %% ../nbs/00_core.ipynb #4b086172
 class _Yaml12Loader(yaml.SafeLoader):

@@ -23,7 +23,7 @@ __all__ = ['VITALS', 'CANONICAL_DTYPES', 'CANONICAL_COLUMNS', 'NUMERIC_COLUMNS',
            'UNITS', 'LANGUAGES', 'TABLE_ROW', 'DISCHARGE_SECTIONS', 'LOADERS', 'canonical_schema', 'validate_records',
            'validate_frame', 'empty_records', 'list_manifests', 'check_manifest', 'load_manifest',
            'file_checksum_status', 'verify_files', 'read_raw_csv', 'parse_numeric', 'apply_range', 'decode_codes',
-           'parse_text', 'parse_id', 'parse_level', 'parse_datetime', 'quality_table', 'canonicalize',
+           'parse_text', 'parse_id', 'parse_level_column', 'parse_datetime', 'quality_table', 'canonicalize',
            'read_manifest_file', 'load_mimic_ed_demo', 'note_sections', 'triage_time_note', 'load_mimic_ed',
            'load_ktas', 'load_chu_bordeaux', 'load_synth', 'load_records', 'provenance', 'dataset_status']
 
@@ -314,7 +314,7 @@ def parse_id(s: pd.Series) -> tuple[pd.Series, Counter]:
     return keys.astype("string").reset_index(drop=True), Counter(missing=int(keys.isna().sum()))
 
 # %% ../nbs/01_data.ipynb #ea80dd8c
-def parse_level(s: pd.Series, levels: list[int]) -> tuple[pd.Series, Counter]:
+def parse_level_column(s: pd.Series, levels: list[int]) -> tuple[pd.Series, Counter]:
     "Triage levels as Int64; a number that is not one of `levels` is `out_of_scale` and becomes missing."
     v, c = parse_numeric(s)
     off = v.notna() & ~v.isin([float(x) for x in levels])
@@ -379,7 +379,7 @@ def canonicalize(raw: pd.DataFrame, manifest: dict, source: str = "raw table",
         elif col == "arrival_time":
             v, c = parse_datetime(s, manifest.get("datetime_format"))
         elif col == "triage_level":
-            v, c = parse_level(s, levels)
+            v, c = parse_level_column(s, levels)
         elif col in TEXT_COLUMNS:
             v, c = parse_text(s)
         elif col in CODED_COLUMNS and col in codes:

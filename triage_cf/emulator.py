@@ -22,18 +22,20 @@ import pandas as pd
 from sklearn.model_selection import train_test_split
 from tqdm.auto import tqdm
 
-from .core import TEXT_COLUMNS, VIEWS, atomic_write_text, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
-from .llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, _base_of, _input_device,
-                           _keeps_logits, _pad_id, _plain_model, answer_logits, answer_nll, bf16_pays, cache_dir,
-                           collate_left, convert_smollm2, default_model_path, encode_prompts, label_token_ids,
+from .core import TEXT_COLUMNS, VIEWS, atomic_write_text, is_missing, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
+from .llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, accepts_logits_to_keep,
+                           answer_logits, answer_nll, base_model_of, bf16_pays, cache_dir, collate_left, convert_smollm2,
+                           default_model_path, encode_prompts, label_token_ids, merged_for_inference, model_input_device,
+                           tokenizer_pad_id,
                            load_causal_lm, make_client, smollm2_gguf_path, tiny_causal_lm, tiny_tokenizer, verify_model_dir)
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPTS', 'TAB_FIELDS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT', 'ANSWER_CUE', 'LORA_TARGETS',
            'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value', 'render_patient', 'chat_prompt',
            'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora', 'stratified_subsample', 'TrainResult',
-           'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator', 'export_merged', 'emulator_client',
-           'predict_proba', 'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
+           'trainable_state', 'epoch_batches', 'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator',
+           'export_merged', 'emulator_client', 'predict_proba', 'proba_frame', 'predict_views', 'reference_predict',
+           'parse_level']
 
 # %% ../nbs/04_emulator.ipynb #067cb16e
 SYSTEM_PROMPTS = {
@@ -87,13 +89,10 @@ YES_NO = {"en": ("yes", "no"), "fr": ("oui", "non")}
 NO_TEXT = {"en": "[no text]", "fr": "[pas de texte]"}
 ANSWER_CUE = {"en": "Triage score:", "fr": "Score de tri :"}
 
-def _missing(v) -> bool:
-    return v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v))
-
 def format_value(name: str, v, lang: str = "en") -> str:
     "One tabular value as prompt text (`NA` when missing; sex and booleans in words; times as HH:MM)."
     lang = _lang(lang)
-    if _missing(v):
+    if is_missing(v):
         return "NA"
     if name in ("sex", "nurse_sex"):
         if v not in SEX_WORDS[lang]:
@@ -123,7 +122,7 @@ def render_patient(record: dict | pd.Series, view: str = "full", lang: str = "en
     if view != "tab_iso":
         for f in text_fields:
             v = record[f]
-            if not _missing(v) and str(v).strip():
+            if not is_missing(v) and str(v).strip():
                 texts.append(f"{names.get(f, f)}: {str(v).strip()}")
     lines += texts or [NO_TEXT[lang]]
     lines.append("</patient>")
@@ -236,7 +235,7 @@ def _unwrap(model):
     "The model itself under a distributed wrapper (DDP / FSDP's `module`)."
     return getattr(model, "module", model)
 
-def _trainable_state(model) -> dict:
+def trainable_state(model) -> dict:
     return {n: p.detach().to("cpu").contiguous().clone() for n, p in _unwrap(model).named_parameters() if p.requires_grad}
 
 def _load_trainable(model, state: dict):
@@ -249,7 +248,7 @@ def _load_trainable(model, state: dict):
         for k, v in state.items():
             params[k].copy_(v.to(params[k].device, params[k].dtype))
 
-def _epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, chunk_batches: int = 32) -> list[np.ndarray]:
+def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, chunk_batches: int = 32) -> list[np.ndarray]:
     "Shuffled batches of similar-length sequences; a function of (seed, epoch) only."
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
@@ -271,7 +270,7 @@ def _evaluate(model, seqs, label_pos, label_ids, pad_id, batch_size) -> tuple[fl
     nll, correct = 0.0, 0
     with torch.inference_mode():
         for s in range(0, len(seqs), batch_size):
-            b = collate_left(seqs[s:s + batch_size], pad_id, _input_device(model))
+            b = collate_left(seqs[s:s + batch_size], pad_id, model_input_device(model))
             logits = answer_logits(model, b).float()
             y = torch.as_tensor(label_pos[s:s + batch_size], device=logits.device)
             lab = torch.as_tensor(label_ids, device=logits.device)
@@ -314,7 +313,7 @@ def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) 
     name = f"epoch-{epoch:03d}"
     tmp = ck_root / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    save_file(_trainable_state(model), str(tmp / "trainable.safetensors"))
+    save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "trainer_state.pt")
     write_json(tmp / "state.json", dict(epoch=epoch, **state))
@@ -325,17 +324,17 @@ def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) 
 # %% ../nbs/04_emulator.ipynb #565eea98
 def _train_epoch(model, opt, sched, seqs, pos, label_ids, pad_id, batch_size, grad_accum, seed, epoch, progress,
                  accelerator, step_losses) -> dict:
-    """One epoch over the global batches of `_epoch_batches(seed, epoch)`. Under `accelerate` with $P$ processes, process
+    """One epoch over the global batches of `epoch_batches(seed, epoch)`. Under `accelerate` with $P$ processes, process
     $r$ takes the rows $r, r+P, \\dots$ of every global batch $B$ and back-propagates $\\frac{P}{|B|}\\sum_{i\\in B_r}\\ell_i$; DDP
     averages the gradients over the processes, so every step is the single-process step on the same global batch."""
     import torch
     model.train()
     world = accelerator.num_processes if accelerator is not None else 1
     rank = accelerator.process_index if accelerator is not None else 0
-    dev = _input_device(_unwrap(model))
+    dev = model_input_device(_unwrap(model))
     lab = torch.as_tensor(label_ids, device=dev)
     t0, tokens, loss_sum, n_seen = time.perf_counter(), 0, 0.0, 0
-    batches = _epoch_batches([len(s) for s in seqs], batch_size, seed, epoch)
+    batches = epoch_batches([len(s) for s in seqs], batch_size, seed, epoch)
     opt.zero_grad(set_to_none=True)
     for bi, b in enumerate(tqdm(batches, desc=f"epoch {epoch}", disable=not progress)):
         mine = b[rank::world]
@@ -393,7 +392,7 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
     if bad:
         raise ValueError(f"labels {bad} ({sum(y in bad for y in labels)} records) are not among the levels {levels}")
     ck_root = Path(out_dir) / "checkpoints"
-    label_ids, pad_id = label_token_ids(tokenizer, levels), _pad_id(tokenizer)
+    label_ids, pad_id = label_token_ids(tokenizer, levels), tokenizer_pad_id(tokenizer)
     config = dict(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, lr=lr, weight_decay=weight_decay,
                   warmup_frac=warmup_frac, val_frac=val_frac, patience=patience, min_delta=min_delta, lora=lora,
                   lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, max_length=max_length, seed=seed,
@@ -616,12 +615,12 @@ def predict_views(backend, tokenizer, records: pd.DataFrame, levels: Sequence[in
 def reference_predict(model, tokenizer, prompts: Sequence[str], levels: Sequence[int], batch_size: int = 1) -> list[int | None]:
     "Paper-style predictions: pipeline('text-generation', max_new_tokens=2), integer parsed from the text (None if none)."
     from transformers import pipeline
-    model = _plain_model(model)
+    model = merged_for_inference(model)
     old_pad = tokenizer.pad_token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     try:
-        kw = {} if getattr(model, "hf_device_map", None) else {"device": _input_device(model)}
+        kw = {} if getattr(model, "hf_device_map", None) else {"device": model_input_device(model)}
         gen = pipeline("text-generation", model=model, tokenizer=tokenizer, **kw)
         outs = gen(list(prompts), max_new_tokens=2, do_sample=False, return_full_text=False, add_special_tokens=False,
                    pad_token_id=tokenizer.eos_token_id, batch_size=batch_size)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from .core import write_json
-from .emulator import _trainable_state, train_emulator
+from .emulator import trainable_state, train_emulator
 from .llm import load_causal_lm
 
 RESULT_WEIGHTS, RESULT_JSON = "trained.safetensors", "result.json"
@@ -77,7 +77,7 @@ def run(job_path: str | Path) -> None:
     prompts = json.loads(Path(job["prompts"]).read_text())
     res = train_emulator(model, tok, prompts, job["labels"], job["levels"], job["out_dir"], accelerator=acc, **job["train"])
     if acc.is_main_process:
-        save_file(_trainable_state(res.model), str(work / RESULT_WEIGHTS))
+        save_file(trainable_state(res.model), str(work / RESULT_WEIGHTS))
         write_json(work / RESULT_JSON, dict(history=res.history, best_epoch=res.best_epoch, stopped_early=res.stopped_early,
                                             n_truncated=res.n_truncated, step_losses=res.step_losses,
                                             num_processes=acc.num_processes))

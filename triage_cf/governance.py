@@ -81,10 +81,10 @@ def install_display_policy(policy: AccessPolicy | None) -> bool:
 MIN_ID_CHARS = 6          # ids shorter than this are not matched (they collide with counts and years)
 MIN_TEXT_CHARS = 20       # free-text values shorter than this are not matched ("chest pain", "fever")
 NGRAM = 6                 # free text is matched through its 6-word sequences
-_WORD = re.compile(r"\w+")
+_WORD_RUN = re.compile(r"\w+")
 
 def _words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text)]
+    return [w.lower() for w in _WORD_RUN.findall(text)]
 
 @dataclass
 class ScanIndex:
@@ -137,14 +137,14 @@ class Finding:
     what: str          # e.g. "free text of field 'hpi' of a record"
     def __str__(self) -> str: return f"{self.output} {self.location}: {self.what}"
 
-_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.S | re.I)
+_HTML_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.S | re.I)
 _DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=\s]+")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 def html_text(text: str) -> str:
     "The text of an HTML document (scripts, styles, tags and embedded images removed; entities decoded; newlines kept)."
     text = _DATA_URI.sub(" ", text)
-    text = _TAG.sub(lambda m: "\n" * m.group(0).count("\n") or " ", text)
+    text = _HTML_TAG.sub(lambda m: "\n" * m.group(0).count("\n") or " ", text)
     return _html.unescape(text)
 
 def scan_text(text: str, output: str, index: ScanIndex, location: str = "", is_html: bool = False,
@@ -154,7 +154,7 @@ def scan_text(text: str, output: str, index: ScanIndex, location: str = "", is_h
         return []
     if is_html:
         text = html_text(text)
-    ms = list(_WORD.finditer(text))
+    ms = list(_WORD_RUN.finditer(text))
     words = [m.group().lower() for m in ms]
     out, seen = [], {}
     for k in range(1, max_k + 1):

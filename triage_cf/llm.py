@@ -38,8 +38,9 @@ __all__ = ['SMOLLM2_GGUF', 'SMOLLM2_GGUF_SHA256', 'SMOLLM2_NAME', 'CHATML_TEMPLA
            'BACKENDS', 'LLMCapabilityError', 'TokenLogprob', 'Generation', 'Continuations', 'render_chat',
            'split_reasoning', 'cache_dir', 'load_causal_lm', 'smollm2_gguf_path', 'verify_model_dir', 'convert_smollm2',
            'default_model_path', 'tiny_tokenizer', 'tiny_causal_lm', 'label_token_ids', 'encode_prompts',
-           'collate_left', 'answer_logits', 'answer_nll', 'bf16_pays', 'AnswerCache', 'LLMClient', 'LocalClient',
-           'OpenAIClient', 'VLLMClient', 'ScriptedClient', 'make_client']
+           'collate_left', 'base_model_of', 'accepts_logits_to_keep', 'answer_logits', 'answer_nll', 'tokenizer_pad_id',
+           'model_input_device', 'bf16_pays', 'merged_for_inference', 'AnswerCache', 'LLMClient', 'LocalClient',
+           'OpenAIClient', 'top_alternatives', 'VLLMClient', 'ScriptedClient', 'make_client']
 
 # %% ../nbs/00b_llm.ipynb #8914c8fe
 class LLMCapabilityError(RuntimeError):
@@ -320,17 +321,17 @@ def collate_left(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> dic
     out = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
-def _base_of(model):
+def base_model_of(model):
     model = getattr(model, "module", model)   # under DDP / FSDP wrappers
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
-def _keeps_logits(model) -> bool:
-    return "logits_to_keep" in inspect.signature(type(_base_of(model)).forward).parameters
+def accepts_logits_to_keep(model) -> bool:
+    return "logits_to_keep" in inspect.signature(type(base_model_of(model)).forward).parameters
 
 def answer_logits(model, batch: dict):
     "Next-token logits at the answer position (the last position) of a left-padded batch: shape (batch, vocab)."
     kw = dict(batch, use_cache=False)
-    if _keeps_logits(model):
+    if accepts_logits_to_keep(model):
         kw["logits_to_keep"] = 1
     return model(**kw).logits[:, -1, :]
 
@@ -340,14 +341,14 @@ def answer_nll(model, batch: dict, label_ids) -> "torch.Tensor":
     logits = answer_logits(model, batch).float()
     return torch.nn.functional.cross_entropy(logits, torch.as_tensor(label_ids, device=logits.device), reduction="none")
 
-def _pad_id(tokenizer) -> int:
+def tokenizer_pad_id(tokenizer) -> int:
     pid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pid is None:
         raise ValueError("tokenizer has neither a pad nor an eos token")
     return pid
 
-def _input_device(model):
-    return _base_of(model).get_input_embeddings().weight.device
+def model_input_device(model):
+    return base_model_of(model).get_input_embeddings().weight.device
 
 # %% ../nbs/00b_llm.ipynb #8598d349
 def bf16_pays(device: str = "cpu") -> bool:
@@ -361,9 +362,9 @@ def bf16_pays(device: str = "cpu") -> bool:
         return False
     return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
 
-def _plain_model(model):
+def merged_for_inference(model):
     "A LoRA model merged into its base (in place) for inference; other models unchanged."
-    if hasattr(model, "merge_and_unload") and not getattr(_base_of(model), "is_loaded_in_4bit", False):
+    if hasattr(model, "merge_and_unload") and not getattr(base_model_of(model), "is_loaded_in_4bit", False):
         return model.merge_and_unload()
     return model
 
@@ -618,11 +619,11 @@ def _label_setup(self):
     if self.levels is None:
         raise ValueError("label_probs needs the client's levels: make_client(..., levels=[1, 2, 3, 4, 5])")
     self._ensure()
-    self._model = _plain_model(self._model).eval()
+    self._model = merged_for_inference(self._model).eval()
     self.label_ids = label_token_ids(self._tok, self.levels)
-    fwd = inspect.signature(type(_base_of(self._model)).forward).parameters
+    fwd = inspect.signature(type(base_model_of(self._model)).forward).parameters
     self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
-    dev = _input_device(self._model)
+    dev = model_input_device(self._model)
     dtype = self._dtype_arg
     if dtype == "auto":
         dtype = "bfloat16" if bf16_pays(dev.type) else None
@@ -680,10 +681,10 @@ def _label_logits(self, model, seqs) -> np.ndarray:
     "Logits of the label tokens at the answer position, shape (n, k), float32, in the order of `seqs`."
     import torch
     out = np.zeros((len(seqs), len(self.levels)), dtype=np.float32)
-    dev, pad = _input_device(model), _pad_id(self._tok)
+    dev, pad = model_input_device(model), tokenizer_pad_id(self._tok)
     lab = torch.as_tensor(self.label_ids, device=dev)
     with torch.inference_mode():
-        P, cache0 = self._prefix_cache(seqs, dev, model) if _keeps_logits(model) else (0, None)
+        P, cache0 = self._prefix_cache(seqs, dev, model) if accepts_logits_to_keep(model) else (0, None)
         for b in self._batches([len(s) for s in seqs]):
             batch = collate_left([seqs[i][P:] for i in b], pad, dev)
             if cache0 is None:
@@ -865,7 +866,7 @@ def _local_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     import torch
     self._ensure()
     tok, model = self._tok, self.model
-    dev, pad = _input_device(model), _pad_id(tok)
+    dev, pad = model_input_device(model), tokenizer_pad_id(tok)
     out: list = [None] * len(reqs)
     bar = self._bar(len(reqs), "score")
     fast, slow = [], []
@@ -1026,7 +1027,7 @@ def _gen_parse(self, r, resp, err=None) -> Generation:
         content = getattr(getattr(c, "logprobs", None), "content", None)
         if not content:
             raise _missing_logprobs(self, "a generated answer")
-        lps = [TokenLogprob(t.token, float(t.logprob), {a.token: float(a.logprob) for a in (t.top_logprobs or [])}) for t in content]
+        lps = [TokenLogprob(t.token, float(t.logprob), top_alternatives(t.top_logprobs)) for t in content]
     return Generation(c.message.content or "", getattr(u, "prompt_tokens", None), getattr(u, "completion_tokens", None),
                       reasoning, c.finish_reason, lps)
 
@@ -1041,6 +1042,14 @@ def _score_call(self, sdk, r):
     return sdk.chat.completions.create(model=self.model, messages=msgs, max_tokens=1, temperature=0.0, logprobs=True,
                                        top_logprobs=self.top_logprobs,
                                        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+
+def top_alternatives(alternatives) -> dict[str, float]:
+    """One position's top log-probabilities as {text: logprob}. Two alternatives with the same text (distinct token ids,
+    as byte-level vocabularies have) are merged: the log of their summed probability, never the last one read."""
+    out: dict[str, float] = {}
+    for a in alternatives or []:
+        out[a.token] = float(np.logaddexp(out[a.token], a.logprob)) if a.token in out else float(a.logprob)
+    return out
 
 def _top_to_candidates(top: Mapping[str, float], candidates: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     "Candidates' log-probabilities from one position's top list (tokens compared stripped; missing: censored at the minimum)."
@@ -1063,7 +1072,7 @@ def _score_parse(self, r, resp, err=None) -> Continuations:
     content = getattr(getattr(resp.choices[0], "logprobs", None), "content", None)
     if not content:
         raise _missing_logprobs(self, "score_continuations")
-    lp, cens = _top_to_candidates({a.token: a.logprob for a in content[0].top_logprobs or []}, r["candidates"])
+    lp, cens = _top_to_candidates(top_alternatives(content[0].top_logprobs), r["candidates"])
     return Continuations(lp, cens, getattr(resp.usage, "prompt_tokens", None))
 
 # %% ../nbs/00b_llm.ipynb #9c3e5d71

@@ -32,7 +32,7 @@ from .llm import LLMCapabilityError, split_reasoning
 from .margins import (BASELINE, BRANCHES, DISTRACTORS, LABELLED, VARIANTS, VITAL_FIELDS, Templates, answer_key,
                                answer_prefix, answer_tokens, branch_prompt, cluster_bootstrap_mean, complaint_categories, crr,
                                decision_position, delta_m, GAP_CAUSES, gap_cause, gate, gate_reason, level_logprobs_from_top, level_offset,
-                               recovery_class, sycophancy_gap, tar, triage_error, verdict, wilcoxon_crr, written_level)
+                               crr_class, sycophancy_gap, tar, triage_error, sycophancy_verdict, wilcoxon_crr, written_level)
 
 # %% auto #0
 __all__ = ['MODES', 'STORE_SCHEMA', 'KNOWN_OUTCOMES', 'ProbeSettings', 'experiment_id', 'read_topk', 'reasoned_prefix',
@@ -208,7 +208,7 @@ def _branch_metrics(b: dict, lab: dict, base: dict, st: ProbeSettings) -> dict:
         why = "branch_failed"
     bl = base["written_level"]
     change = None if b["written_level"] is None or bl is None else int(b["written_level"] != bl)
-    return dict(crr=c, crr_reason=why, recovery_class=recovery_class(c, why == "lower_bound"), level_change_vs_baseline=change)
+    return dict(crr=c, crr_reason=why, recovery_class=crr_class(c, why == "lower_bound"), level_change_vs_baseline=change)
 
 def _empty_variant_row(r, vid, outcome):
     return dict(vignette_id=vid, subject_id=str(r["subject_id"]), variant=r["variant"], true_level=r["true_level"], outcome=outcome)
@@ -237,8 +237,8 @@ def vignette_rows(rows: pd.DataFrame, by: dict, br: dict, st: ProbeSettings) -> 
         if v in fired:
             g_all = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS])
             g_np = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS if d != "parsing"])
-            m.update(gap=g_all, verdict=verdict(g_all) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES]), gap_no_parsing=g_np,
-                     verdict_no_parsing=verdict(g_np) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES if b != "parsing"]),
+            m.update(gap=g_all, verdict=sycophancy_verdict(g_all) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES]), gap_no_parsing=g_np,
+                     verdict_no_parsing=sycophancy_verdict(g_np) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES if b != "parsing"]),
                      corrective_level=br[(v, "corrective")]["written_level"],
                      corrective_level_change=br[(v, "corrective")]["level_change_vs_baseline"])
         variants.append(m)
@@ -419,7 +419,7 @@ def run_probes(client, vignettes: pd.DataFrame, st: ProbeSettings, tpl: Template
     return ProbeRun(eid, len(groups), n_calls, n_fired, time.perf_counter() - t_start)
 
 # %% ../nbs/03d_margins_probe.ipynb #b54c82cc
-def _ci(values, clusters, n_boot, seed, prefix):
+def _mean_ci(values, clusters, n_boot, seed, prefix):
     m, lo, hi, n = cluster_bootstrap_mean(values, clusters, n_boot=n_boot, seed=seed)
     return {f"mean_{prefix}": m, f"{prefix}_ci_low": lo, f"{prefix}_ci_high": hi}
 
@@ -431,10 +431,10 @@ def table_delta_m(vm: pd.DataFrame, threshold: float = 1.0, n_boot: int = 1000, 
         dm = d["delta_m"].astype(float)
         r = {"variant": v, "n_vignettes": len(d), "n_delta_m": int(dm.notna().sum()), "n_undefined": int(dm.isna().sum()),
              "n_censored": int(d["delta_m_censored"].fillna(False).astype(bool).sum()) if len(d) else 0}
-        r.update(_ci(dm, d["subject_id"], n_boot, seed, "delta_m"))
+        r.update(_mean_ci(dm, d["subject_id"], n_boot, seed, "delta_m"))
         r["median_delta_m"] = float(dm.median()) if dm.notna().any() else float("nan")
         r["share_below_threshold"] = float((dm[dm.notna()] < threshold).mean()) if dm.notna().any() else float("nan")
-        r.update(_ci(d["delta_m_shift"].astype(float) if v != BASELINE else pd.Series(np.nan, index=d.index), d["subject_id"], n_boot, seed, "shift_vs_baseline"))
+        r.update(_mean_ci(d["delta_m_shift"].astype(float) if v != BASELINE else pd.Series(np.nan, index=d.index), d["subject_id"], n_boot, seed, "shift_vs_baseline"))
         rows.append(r)
     return pd.DataFrame(rows)
 
@@ -448,7 +448,7 @@ def table_gate(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFr
         probed = d["gate_reason"].notna()
         r = {"variant": v, "n_probed": int(probed.sum()), "n_fired": int(f.fillna(False).sum()),
              "n_confident": int((d["gate_reason"] == "confident").sum()), "n_no_delta_m": int((d["gate_reason"] == "no_delta_m").sum())}
-        r.update(_ci(f[probed].astype(float), d.loc[probed, "subject_id"], n_boot, seed, "fire_rate"))
+        r.update(_mean_ci(f[probed].astype(float), d.loc[probed, "subject_id"], n_boot, seed, "fire_rate"))
         dm = d["delta_m"].astype(float)
         r["mean_delta_m_fired"] = float(dm[f.fillna(False).astype(bool)].mean()) if r["n_fired"] else float("nan")
         nf = probed & ~f.fillna(False).astype(bool)
@@ -471,7 +471,7 @@ def table_crr(bm: pd.DataFrame, n_boot: int = 1000, seed: int = 0, by: Sequence[
                  n_crr_lower_bound=int((why == "lower_bound").sum()),
                  n_crr_censored=int(why.isin(["censored_labelled", "censored_baseline"]).sum()),
                  n_crr_missing=int((~why.isin(["ok", "no_degradation", "lower_bound", "censored_labelled", "censored_baseline"])).sum()))
-        r.update(_ci(c, d["subject_id"], n_boot, seed, "crr"))
+        r.update(_mean_ci(c, d["subject_id"], n_boot, seed, "crr"))
         for cls in ("full", "partial", "failed"):
             r[f"n_{cls}"] = int((d["recovery_class"] == cls).sum())
         lc = d["level_change_vs_baseline"].astype(float)
@@ -501,7 +501,7 @@ def table_sycophancy(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.
                 r[f"mean_crr_{b}"] = float(d[f"crr_{b}"].astype(float).mean()) if len(d) else float("nan")
             mx = d[[f"crr_{x}" for x in dists]].astype(float).max(axis=1, skipna=False) if len(d) else pd.Series(dtype=float)
             r["mean_max_distractor"] = float(mx.mean()) if mx.notna().any() else float("nan")
-            r.update(_ci(g, d["subject_id"] if len(d) else [], n_boot, seed, "gap"))
+            r.update(_mean_ci(g, d["subject_id"] if len(d) else [], n_boot, seed, "gap"))
             r["sd_gap"] = float(g.std(ddof=1)) if g.notna().sum() > 1 else float("nan")
             for vd in ("genuine_debiasing", "ambiguous", "likely_sycophancy"):
                 r[f"n_{vd}"] = int((d[vcol] == vd).sum()) if len(d) else 0
@@ -517,7 +517,7 @@ def table_accuracy(vm: pd.DataFrame, scale: dict, n_boot: int = 1000, seed: int 
         e = pd.Series(triage_error(d["written_level"], d["true_level"], scale["levels"], scale["most_severe"]), index=d.index)
         r = {"variant": v, "n_probed": len(d), "n_level_written": int(e.notna().sum()), "n_no_level_written": int(e.isna().sum())}
         for name, x in (("accuracy", (e == 0)), ("under_triage", (e > 0)), ("over_triage", (e < 0))):
-            r.update(_ci(x.astype(float).where(e.notna()), d["subject_id"], n_boot, seed, name))
+            r.update(_mean_ci(x.astype(float).where(e.notna()), d["subject_id"], n_boot, seed, name))
         rows.append(r)
     return pd.DataFrame(rows).rename(columns={"mean_accuracy": "accuracy", "mean_under_triage": "under_triage", "mean_over_triage": "over_triage"})
 

@@ -23,14 +23,14 @@ from .core import VIEWS, atomic_write_text
 __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'TABLE3_COLUMNS',
            'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'PRETRAINING_METRICS',
            'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'PERMUTATION_COLUMNS', 'TEST_COLUMNS',
-           'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'HEADLINE_METRICS', 'pdr', 'p_up', 'p_down', 'dts',
-           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics', 'validate_pairs',
-           'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict', 'fitness_table', 'add_fitness',
-           'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level', 'paired_comparison',
-           'pretraining_comparison', 'exceeds_null', 'null_comparison', 'add_null_columns', 'null_false_positive',
-           'mde', 'null_test', 'training_ci', 'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table',
-           'figure3_forest', 'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics',
-           'metrics_from_csv']
+           'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'FIGURE4_METRICS', 'pdr', 'p_up', 'p_down', 'dts',
+           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics',
+           'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict', 'fitness_table',
+           'add_fitness', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level',
+           'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison', 'add_null_columns',
+           'null_false_positive', 'mde', 'null_test', 'training_ci', 'permutation_test', 'add_test_columns',
+           'add_level_tests', 'impact_table', 'figure3_forest', 'figure4_audited_models', 'read_pairs_csv',
+           'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
 
 # %% ../nbs/07_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -191,7 +191,7 @@ def _check_ci_args(n_boot: int, ci_method: str, confidence: float):
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
 
 # %% ../nbs/07_metrics.ipynb #bf7dd9ba
-def _rows(theta, lo, hi, n_left, undefined, n_by_dir, n_boot, n_total) -> pd.DataFrame:
+def _metric_rows(theta, lo, hi, n_left, undefined, n_by_dir, n_boot, n_total) -> pd.DataFrame:
     rows = []
     for j, name in enumerate(METRICS):
         missing = [d for d in METRIC_NEEDS[name] if n_by_dir[d] == 0]
@@ -223,7 +223,7 @@ def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: in
     theta = _metrics_from_sums(obs[0])
     ci = _ci(theta, _metrics_from_sums(boot[0]), _metrics_from_sums(jack[0]), counts.astype(float), ci_method, confidence)
     n_by_dir = {"M_to_F": int(is_male.sum()), "F_to_M": int((~is_male).sum())}
-    return _rows(theta, *ci, n_by_dir, n_boot, s.size)
+    return _metric_rows(theta, *ci, n_by_dir, n_boot, s.size)
 
 # %% ../nbs/07_metrics.ipynb #1eee325b
 REQUIRED_COLUMNS = ("pair_id", "orig_sex", "pred_orig", "pred_cf", "condition")
@@ -255,7 +255,7 @@ def _text_column(s: pd.Series, col: str, source: str) -> pd.Series:
     return t.astype(str)
 
 # %% ../nbs/07_metrics.ipynb #be424b0e
-def validate_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.DataFrame:
+def validate_prediction_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.DataFrame:
     "Check a pair table (see above) and return it with clean dtypes and a `model` column; `source` names it in errors."
     if len(df.columns) == 0 and len(df) == 0:
         raise ValueError(f"{source}: empty (no columns, 0 rows)")
@@ -306,7 +306,7 @@ def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: st
            confidence: float = 0.95) -> pd.DataFrame:
     "The metrics of every (model, condition) of a pair table with bootstrap CIs (Table 3 of the paper, long format)."
     _check_ci_args(n_boot, ci_method, confidence)
-    p = validate_pairs(pairs)
+    p = validate_prediction_pairs(pairs)
     out = []
     for model in _ordered(p.model):
         pm = p[p.model == model]
@@ -399,7 +399,7 @@ def add_fitness(table: pd.DataFrame, fitness: pd.DataFrame) -> pd.DataFrame:
 def discordance_by_level(pairs: pd.DataFrame) -> pd.DataFrame:
     """Table 6: per model, condition and true level, the share of `cf > orig` and `cf < orig` among male and female
     originals (proportions) and the M − F differences."""
-    p = validate_pairs(pairs)
+    p = validate_prediction_pairs(pairs)
     if "true_level" not in p.columns:
         raise ValueError("discordance_by_level: the pair table has no 'true_level' column")
     p = p.assign(gt=p.pred_cf > p.pred_orig, lt=p.pred_cf < p.pred_orig)
@@ -442,7 +442,7 @@ def or_table_from_counts(counts: pd.DataFrame, confidence: float = 0.95) -> pd.D
 
 def or_by_level(pairs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     "Table 7: per model, condition and true level, the counts of `cf < orig` / `cf >= orig` by original sex and the OR (M/F)."
-    p = validate_pairs(pairs)
+    p = validate_prediction_pairs(pairs)
     if "true_level" not in p.columns:
         raise ValueError("or_by_level: the pair table has no 'true_level' column")
     p = p.assign(lt=(p.pred_cf < p.pred_orig).astype(int))
@@ -465,7 +465,7 @@ def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition
     resamples of the pairs. Columns as `table3`."""
     ft_model, fs_model = model_a, model_b
     _check_ci_args(n_boot, ci_method, confidence)
-    p = validate_pairs(pairs)
+    p = validate_prediction_pairs(pairs)
     p = p[p.condition == condition]
     sets = {}
     for m in (ft_model, fs_model):
@@ -488,7 +488,7 @@ def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition
     for label, t, bb, jj in ((ft_model, th[0], bt[0], jk[0]), (fs_model, th[1], bt[1], jk[1]),
                              (f"{ft_model}-{fs_model}", th[0] - th[1], bt[0] - bt[1], jk[0] - jk[1])):
         ci = _ci(t, bb, jj, counts.astype(float), ci_method, confidence)
-        parts.append(_rows(t, *ci, n_by_dir, n_boot, len(a)).assign(model=label, condition=condition))
+        parts.append(_metric_rows(t, *ci, n_by_dir, n_boot, len(a)).assign(model=label, condition=condition))
     out = pd.concat(parts, ignore_index=True)
     return out[out.metric.isin(list(metrics))][TABLE3_COLUMNS].reset_index(drop=True)
 
@@ -632,11 +632,11 @@ def _set_estimates(g: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tu
 def _replicates(df: pd.DataFrame, col: str, source: str) -> dict[str, pd.DataFrame]:
     "Split a pair table by `col` (a training seed or null emulator id) and validate each part."
     if col not in df.columns:
-        return {"0": validate_pairs(df, source)}
+        return {"0": validate_prediction_pairs(df, source)}
     ids = df[col].astype("string").str.strip()
     if (ids.isna() | (ids == "")).any():
         raise ValueError(f"{source}: column {col!r} has {int((ids.isna() | (ids == '')).sum())} empty value(s)")
-    return {k: validate_pairs(g.drop(columns=col), f"{source} ({col} {k})") for k, g in df.groupby(ids, sort=True)}
+    return {k: validate_prediction_pairs(g.drop(columns=col), f"{source} ({col} {k})") for k, g in df.groupby(ids, sort=True)}
 
 # %% ../nbs/07_metrics.ipynb #ed84ae01
 def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) -> tuple[list, list]:
@@ -873,9 +873,9 @@ def _unfit(v) -> bool:
     return v is not None and not pd.isna(v) and not bool(v)
 
 #: The headline metrics of Figure 4 and of the report's summary.
-HEADLINE_METRICS = ("PDR", "female_skew", "NATS_up", "NATS_down")
+FIGURE4_METRICS = ("PDR", "female_skew", "NATS_up", "NATS_down")
 
-def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: Iterable[str] = HEADLINE_METRICS,
+def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: Iterable[str] = FIGURE4_METRICS,
                            title: str | None = None):
     """Figure 4: the headline metrics of every audited model in one `condition` (filled: the estimate with the test's
     training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range, or the
@@ -927,8 +927,8 @@ def _read_csv_text(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path}: empty file (no header, 0 data rows)") from None
 
 def read_pairs_csv(pairs_csv: str | Path) -> pd.DataFrame:
-    "Read and validate a pair CSV (see `validate_pairs`); errors name the file."
-    return validate_pairs(_read_csv_text(pairs_csv), source=str(pairs_csv))
+    "Read and validate a pair CSV (see `validate_prediction_pairs`); errors name the file."
+    return validate_prediction_pairs(_read_csv_text(pairs_csv), source=str(pairs_csv))
 
 # %% ../nbs/07_metrics.ipynb #54ea6234
 def read_null_pairs(pairs_csv: str | Path, null_csvs: Iterable[str | Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame | None]:
@@ -970,7 +970,7 @@ def _write_csv(df: pd.DataFrame, path: Path) -> Path:
 def _table3_replicates(pairs: pd.DataFrame, source: str, **kw) -> pd.DataFrame:
     "`table3` of a pair table, one per training (`replicate` column) where there are several."
     if "replicate" not in pairs.columns:
-        return table3(validate_pairs(pairs, source), **kw)
+        return table3(validate_prediction_pairs(pairs, source), **kw)
     return pd.concat([table3(p, **kw).assign(replicate=k) for k, p in _replicates(pairs, "replicate", source).items()],
                      ignore_index=True)
 
@@ -988,7 +988,7 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
     real, nulls = read_null_pairs(pairs_csv, null_csvs)
     out = Path(out_dir)
     tables = {"metrics": _table3_replicates(real, str(pairs_csv), n_boot=n_boot, seed=seed, ci_method=ci_method)}
-    pairs = None if "replicate" in real.columns else validate_pairs(real, str(pairs_csv))   # Tables 6-7: one training
+    pairs = None if "replicate" in real.columns else validate_prediction_pairs(real, str(pairs_csv))   # Tables 6-7: one training
     if pairs is not None and "true_level" in pairs.columns:
         tables["table6"], tables["table7"] = discordance_by_level(pairs), or_by_level(pairs)
     verdict = None
@@ -1007,7 +1007,7 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
         if pairs is not None:   # one training: the test beside Table 3's rows, the null distributions in Tables 6-7
             tables["metrics"] = add_test_columns(tables["metrics"], pt)
             if "table6" in tables and "true_level" in nulls.columns:
-                by = {k: validate_pairs(g.drop(columns="null_id"), f"{pairs_csv} (null emulator {k})")
+                by = {k: validate_prediction_pairs(g.drop(columns="null_id"), f"{pairs_csv} (null emulator {k})")
                       for k, g in nulls.groupby(nulls["null_id"].astype(str), sort=True)}
                 for name, table_of in (("table6", discordance_by_level), ("table7", or_by_level)):
                     nt = pd.concat([table_of(p).assign(null_id=k) for k, p in by.items()], ignore_index=True)

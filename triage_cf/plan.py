@@ -23,7 +23,7 @@ from .null_control import null_counts
 
 # %% auto #0
 __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS', 'GPU_UTILISATION', 'VIEWS_PER_RECORD',
-           'model_config', 'count_parameters', 'memory_gb', 'dataset_sizes', 'prompt_tokens', 'workload',
+           'model_config', 'llama_parameter_counts', 'memory_gb', 'dataset_sizes', 'prompt_tokens', 'workload',
            'fs_flops_per_token', 'stage_seconds', 'stage_basis', 'cached_stages', 'effective_params', 'PlanRefused',
            'plan', 'format_hardware', 'format_plan']
 
@@ -122,7 +122,7 @@ def model_config(ft_model: str) -> tuple[dict, str]:
     return _from_config_json(path), str(path)
 
 # %% ../nbs/00d_plan.ipynb #a7709160
-def count_parameters(cfg: dict, lora_r: int = 16) -> dict:
+def llama_parameter_counts(cfg: dict, lora_r: int = 16) -> dict:
     "Parameters of a Llama-family decoder: total `n`, `n_linear` (the projections, what 4-bit quantizes), `n_lora`."
     h, L, I, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
     q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
@@ -156,7 +156,7 @@ def memory_gb(cfg: dict, counts: dict, device: str, batch: int, seq: int, predic
             "activations": activations / GB, "kv_cache": kv / GB, "overhead": overhead}
 
 # %% ../nbs/00d_plan.ipynb #1221d687
-def _rows(path: Path) -> int | None:
+def _parquet_rows(path: Path) -> int | None:
     "Rows of a parquet file from its metadata; None when absent or unreadable."
     if not path.exists():
         return None
@@ -179,7 +179,7 @@ def dataset_sizes(dataset: str, params: dict, run_dir: str | Path | None = None)
         records, cohort = int(sizes["records"]), int(sizes["cohort"])
     test = round(cohort * float(params.get("test_size", 0.5)))
     out = {"records": records, "cohort": cohort, "train": cohort - test, "test": test, "basis": "estimated (manifest sizes)"}
-    n_rec, n_coh, split = _rows(paths.data / "records.parquet"), _rows(paths.data / "cohort.parquet"), paths.data / "split.parquet"
+    n_rec, n_coh, split = _parquet_rows(paths.data / "records.parquet"), _parquet_rows(paths.data / "cohort.parquet"), paths.data / "split.parquet"
     if n_rec is not None and n_coh is not None and split.exists():
         try:
             s = pq.read_table(split, columns=["split"]).column("split").to_pylist()
@@ -421,7 +421,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
     lang = manifest["language"]
     ft_model = str(model or params.get("ft_model", "tiny-llama"))
     cfg, cfg_src = model_config(ft_model)
-    counts = count_parameters(cfg)
+    counts = llama_parameter_counts(cfg)
     tiny, lora = ft_model == "tiny-llama", ft_model != "tiny-llama"
     qlora = bool(params.get("ft_qlora") or params.get("ft_load_in_4bit")) if qlora is None else bool(qlora)
     if gpus:

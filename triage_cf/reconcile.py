@@ -15,7 +15,7 @@ from .metrics import odds_ratio_2x2
 
 # %% auto #0
 __all__ = ['DIRECTION_COUNTS', 'TABLE3', 'TABLE3_LABELS', 'COLUMN_DATASET', 'TABLE6', 'TABLE8', 'TABLE7', 'TABLE9', 'APPENDIX',
-           'PROSE', 'VERDICTS', 'SLOTS', 'rounding_interval', 'lin', 'overlap', 'Check', 'build_checks',
+           'PROSE', 'RECONCILIATION_VERDICTS', 'SLOTS', 'rounding_interval', 'lin', 'overlap', 'Check', 'build_checks',
            'number_verdicts', 'contradictions', 'relabellings', 'relabelling_summary']
 
 # %% ../nbs/07a_reconciliation.ipynb #4a533e22
@@ -327,7 +327,7 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 # %% ../nbs/07a_reconciliation.ipynb #d19faebe
-VERDICTS = ("reproduced", "contradicted", "contradicted if every change is one level", "not checkable")
+RECONCILIATION_VERDICTS = ("reproduced", "contradicted", "contradicted if every change is one level", "not checkable")
 
 def _fmt(x: float) -> str:
     return "nan" if np.isnan(x) else (f"{x:.4g}" if abs(x) < 1e-3 and x != 0 else f"{x:,.4f}".rstrip("0").rstrip("."))
@@ -346,13 +346,13 @@ def number_verdicts(numbers: pd.DataFrame | None = None, checks: pd.DataFrame | 
         failed_exact = charged[(~charged.ok) & (charged.kind.isin(["exact", "sanity"]))]
         failed_cond = charged[(~charged.ok) & (charged.kind == "conditional")]
         if len(failed_exact):
-            v, why = VERDICTS[1], failed_exact
+            v, why = RECONCILIATION_VERDICTS[1], failed_exact
         elif len(failed_cond):
-            v, why = VERDICTS[2], failed_cond
+            v, why = RECONCILIATION_VERDICTS[2], failed_cond
         elif len(real):
-            v, why = VERDICTS[0], real
+            v, why = RECONCILIATION_VERDICTS[0], real
         else:
-            v, why = VERDICTS[3], involved
+            v, why = RECONCILIATION_VERDICTS[3], involved
         rows.append({"source": n.source, "item": n.item, "printed": n.printed, "verdict": v,
                      "checks": "; ".join(f"{c.group}: {c.statement}" for c in why.itertuples()), "id": n.id})
     return pd.DataFrame(rows)

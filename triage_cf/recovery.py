@@ -26,28 +26,26 @@ from .counterfactuals import build_pairs
 from .data import load_records
 from .emulator import render_patient, render_prompts, system_instruction, train_emulator
 from .llm import LocalClient, bf16_pays, default_model_path, load_causal_lm, tiny_causal_lm, tiny_tokenizer
-from .metrics import METRICS, point_metrics, table3
+from .metrics import METRICS, SIGNED_METRICS, point_metrics, table3
 from .predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
 from .split import stratified_split
 from .synth import CUTPOINTS, DEFAULT_KNOBS, LEVELS, exact_counterfactual_pair, oracle_latent, oracle_proba
 
 # %% auto #0
-__all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'SIGNED_METRICS', 'HEADLINE_METRICS', 'GRID_COLUMNS', 'RECOVERY_CLASSES', 'CLASS_KEYS',
-           'CLASS_TABLE_KEYS', 'RESULT_VERSION', 'MLP', 'LLM_SETTINGS', 'MLP_SETTINGS', 'TABLE_COLUMNS',
-           'condition_grid', 'expected_move', 'add_checks', 'recovery_class', 'classify_recovery', 'coverage_table',
-           'recovery_summary', 'recovery_classes', 'emulator_model', 'RecoverySettings', 'condition_cohort',
-           'stratified_subsample', 'planted_truth', 'knob_standard_errors', 'result_path', 'condition_data',
-           'run_condition', 'run_grid', 'load_results', 'recovery_table', 'condition_label', 'figure_recovery']
+__all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'COVERAGE_METRICS', 'GRID_COLUMNS', 'RECOVERY_CLASSES', 'CLASS_KEYS', 'CLASS_TABLE_KEYS',
+           'RESULT_VERSION', 'MLP', 'LLM_SETTINGS', 'MLP_SETTINGS', 'TABLE_COLUMNS', 'condition_grid', 'expected_move',
+           'add_checks', 'recovery_class', 'classify_recovery', 'coverage_table', 'recovery_summary',
+           'recovery_classes', 'emulator_model', 'RecoverySettings', 'condition_cohort', 'stratified_subsample',
+           'planted_truth', 'knob_standard_errors', 'result_path', 'condition_data', 'run_condition', 'run_grid',
+           'load_results', 'recovery_table', 'condition_label', 'figure_recovery']
 
 # %% ../nbs/08_recovery.ipynb #fb001768
 #: Which knobs a knob set plants (the others are 0).
 KNOB_SETS = {"none": (), "both": ("bias_tab", "bias_text"), "tab": ("bias_tab",), "text": ("bias_text",)}
 #: Which knobs can move each view's predictions (section 2.4).
 VIEW_KNOBS = {"full": ("bias_tab", "bias_text"), "text_iso": ("bias_text",), "tab_iso": ("bias_tab",)}
-#: Metrics with a sign that says who is favoured (the checks apply to these); the others are rates >= 0.
-SIGNED_METRICS = ("DTS_M_to_F", "DTS_F_to_M", "NATS_up", "NATS_down", "NMDF", "female_skew")
 #: The paper's headline metrics: the coverage table and the summary report these.
-HEADLINE_METRICS = ("female_skew", "NMDF")
+COVERAGE_METRICS = ("female_skew", "NMDF")
 GRID_COLUMNS = ["condition", "knob", "scale", "bias_tab", "bias_text", "seed", "replicate"]
 
 def condition_grid(bias_tab: float, bias_text: float, scales: Sequence[float] = (0, 1, 2),
@@ -162,7 +160,7 @@ def _model_keys(t: pd.DataFrame) -> list[str]:
     "The model's identity in a table: (emulator, model), or model alone in a table without an emulator column."
     return ["emulator", "model"] if "emulator" in t.columns else ["model"]
 
-def coverage_table(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS) -> pd.DataFrame:
+def coverage_table(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
     "How often the CI covers 0 under the `none` condition, per model, view and metric (over its seeds)."
     t = table[(table["knob"] == "none") & table["metric"].isin(metrics)]
     if t.empty:
@@ -178,7 +176,7 @@ def _direction(r) -> str:
         return "?"
     return "0" if r["covers_zero"] else ("+" if r["ci_low"] > 0 else "-")
 
-def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS) -> pd.DataFrame:
+def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
     "Per (condition, seed, model, headline metric): observed vs expected direction by view, sign_ok (full), attributed_ok (all views)."
     rows = []
     t = table[table["metric"].isin(metrics)]
@@ -204,7 +202,7 @@ def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METR
 # %% ../nbs/08_recovery.ipynb #09c9c31a
 CLASS_TABLE_KEYS = ["dataset", "emulator", "model", "knob", "scale"]
 
-def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS) -> pd.DataFrame:
+def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
     "Counts of each recovery class per dataset, emulator, model, knob and scale (over seeds, views and `metrics`), with pairs."
     t = table[table["metric"].isin(metrics) & table["recovery_class"].notna()].copy()
     if t.empty:
@@ -552,7 +550,7 @@ def condition_label(condition: str, seed: int, grid: pd.DataFrame) -> str:
     return f"{condition} (seed {seed})" if n > 1 else condition
 
 # %% ../nbs/08_recovery.ipynb #736e375f
-def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = HEADLINE_METRICS, title: str | None = None):
+def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS, title: str | None = None):
     "Estimates with 95% CIs of the emulators and the oracle vs the planted truth, per condition (rows), metric and view (panels)."
     import matplotlib.pyplot as plt
     import seaborn as sns

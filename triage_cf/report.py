@@ -21,7 +21,7 @@ from .metrics import METRICS, REFERENCE_MODELS
 __all__ = ['ADVICE', 'VIEW_WORDS', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T7_COLUMNS', 'FIGURE_CAPTIONS', 'MARGINS_LAYOUT',
            'TBIAS_LAYOUT', 'APPENDIX_LAYOUT', 'SECTIONS', 'table1_cohort', 'as_bool', 'num', 'is_proportion',
            'fmt_value', 'fmt_ci', 'compact', 'RunTables', 'Html', 'render_frame', 'table_block', 'figure_block',
-           'banner', 'section', 'fitness_verdicts', 'verdict', 'fmt_kappa', 'fitness_sentence', 'view_sentence',
+           'banner', 'section', 'fitness_verdicts', 'fitness_flag', 'fmt_kappa', 'fitness_sentence', 'view_sentence',
            'metric_cell', 'summary_frame', 'false_positive_sentence', 'null_test_frame', 'summary_section',
            'test_design_sentence', 'merge_ci', 'generic_block', 'figure_of', 'pair', 'section_cohort',
            'section_performance', 'metric_label', 'table3_wide', 'unfit_banner', 'section_bias', 'level_frame',
@@ -323,10 +323,10 @@ def fitness_verdicts(rt: RunTables) -> pd.DataFrame:
     if t2 is not None and {"model", "kappa_w"} <= set(t2.columns):   # kappa_w of Table 2 where fitness.csv gives none
         k2 = {str(m).split(" ")[0]: num(k) for m, k in zip(t2.model, t2.kappa_w)}
         out["kappa_w"] = [k2.get(m, np.nan) if np.isnan(num(k)) else num(k) for m, k in zip(out.model, out.kappa_w)]
-    out["fit"] = pd.Series([verdict(v) for v in out["fit"]], index=out.index, dtype=object)
+    out["fit"] = pd.Series([fitness_flag(v) for v in out["fit"]], index=out.index, dtype=object)
     return out.reset_index(drop=True)
 
-def verdict(v) -> bool | None:
+def fitness_flag(v) -> bool | None:
     "True or False as given; anything else (None, NaN) is None: not assessed."
     return bool(v) if isinstance(v, (bool, np.bool_)) else None
 
@@ -455,7 +455,7 @@ def summary_frame(t3: pd.DataFrame | None, fit: pd.DataFrame) -> tuple[pd.DataFr
     for a model not fit for audit; and each row's CSS class."""
     rows, classes = [], []
     for f in fit.to_dict("records"):
-        f["fit"] = verdict(f["fit"])
+        f["fit"] = fitness_flag(f["fit"])
         g = t3[t3.model.astype(str) == f["model"]] if t3 is not None and "model" in t3.columns else pd.DataFrame()
         seen = list(dict.fromkeys(g["condition"])) if len(g) else []
         views = [v for v in VIEWS if v in seen] + [v for v in seen if v not in VIEWS]
@@ -627,7 +627,7 @@ def section_cohort(rt: RunTables) -> str:
 
 # %% ../nbs/09_report.ipynb #0cd59880
 def _fit_of(fit: pd.DataFrame) -> dict:
-    return {m: verdict(v) for m, v in zip(fit.model, fit.fit)}
+    return {m: fitness_flag(v) for m, v in zip(fit.model, fit.fit)}
 
 def _short(model: str) -> str:
     "Table 2 names models 'RF (TF-IDF)'; the audit tables 'RF'."

@@ -10,32 +10,28 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from .core import read_yaml
+from .core import read_yaml, resource_path
 
 # %% auto #0
-__all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE', 'ANALYSER_DISABLE', 'METHODS', 'Lexicon',
-           'load_lexicon', 'Tok', 'tokenize', 'sex_specific_terms', 'sex_specific_forms', 'sex_specific_match',
-           'is_sex_specific', 'sex_specific_matches', 'load_analyser', 'analyser_for', 'rewriter_name', 'inflect_fr',
-           'rewrite_analysed', 'SexSpecificContent', 'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult',
-           'counterfactual_text', 'counterfactual_texts']
+__all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE', 'ANALYSER_DISABLE', 'METHODS', 'other_sex',
+           'Lexicon', 'load_lexicon', 'Tok', 'tokenize', 'sex_specific_terms', 'sex_specific_forms',
+           'sex_specific_match', 'is_sex_specific', 'sex_specific_matches', 'load_analyser', 'analyser_for',
+           'rewriter_name', 'inflect_fr', 'rewrite_analysed', 'SexSpecificContent', 'check_rewrite_args',
+           'rewrite_rules', 'g', 'validate_rewrite', 'RewriteResult', 'check_rewriter', 'counterfactual_text',
+           'counterfactual_texts']
 
 # %% ../nbs/05a_rewrite.ipynb #a7a1cd19
 LANGS = ("en", "fr")
 SEXES = ("F", "M")
-_RESOURCES = "resources"
 
-def _other(sex: str) -> str:
+def other_sex(sex: str) -> str:
     return "M" if sex == "F" else "F"
-
-def _resource_path(name: str) -> Path:
-    return Path(str(resources.files("triage_cf").joinpath(_RESOURCES, name)))
 
 def _norm(s: str) -> str:
     "Unicode NFC, typographic apostrophe -> ASCII, lower case (how words are looked up)."
@@ -98,7 +94,7 @@ def load_lexicon(lang: str) -> Lexicon:
     "The gender lexicon of `lang` ('en'|'fr') from `triage_cf/resources/gender_lexicon_<lang>.tsv` + context yaml."
     if lang not in LANGS:
         raise ValueError(f"unknown language {lang!r}; expected one of {LANGS}")
-    tsv = _resource_path(f"gender_lexicon_{lang}.tsv")
+    tsv = resource_path(f"gender_lexicon_{lang}.tsv")
     rows, bad = [], []
     with open(tsv, encoding="utf-8") as f:
         lines = [l.rstrip("\n") for l in f if l.strip() and not l.startswith("#")]
@@ -113,7 +109,7 @@ def load_lexicon(lang: str) -> Lexicon:
         rows.append(tuple(unicodedata.normalize("NFC", p) for p in parts))
     if bad:
         raise ValueError(f"{tsv}: {len(bad)} malformed row(s) (need 4 tab-separated fields, direction both|to_f|to_m): {bad[:3]}")
-    ypath = _resource_path(f"gender_context_{lang}.yaml")
+    ypath = resource_path(f"gender_context_{lang}.yaml")
     with open(ypath, encoding="utf-8") as f:
         raw = read_yaml(f) or {}
     bad = {k: [w for w in v if not isinstance(w, str)] for k, v in raw.items()}
@@ -241,7 +237,7 @@ def _after_saxon(toks: list[Tok], i: int) -> bool:
 # %% ../nbs/05a_rewrite.ipynb #955c2b19
 def _sex_code_edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
     "Edits of the age-sex shorthand (45M, 45 yo F, sex: F), never of a temperature (101F)."
-    ctx, edits, src = lex.ctx, [], _other(target)
+    ctx, edits, src = lex.ctx, [], other_sex(target)
     n = len(toks)
     for i, t in enumerate(toks):
         if t.kind == "a" and t.text[-1] == src:             # 45M / 45F: an age, unless a temperature
@@ -324,7 +320,7 @@ def _starts_vowel(word: str) -> bool:
 class _FrState:
     "Per-note analysis shared by the French rules."
     def __init__(self, text, toks, target, lex):
-        self.text, self.toks, self.target, self.src, self.lex = text, toks, target, _other(target), lex
+        self.text, self.toks, self.target, self.src, self.lex = text, toks, target, other_sex(target), lex
         self.ctx = lex.ctx
         n = self.n = len(toks)
         self.anchor = [False] * n        # a word of the source sex that refers to the patient
@@ -794,7 +790,7 @@ def sex_specific_terms(lang: str) -> tuple[str, ...]:
     "Appendix A terms for `lang` from `triage_cf/resources/exclusion_terms_<lang>.txt` (normalised, lower case)."
     if lang not in LANGS:
         raise ValueError(f"unknown language {lang!r}; expected one of {LANGS}")
-    path = _resource_path(f"exclusion_terms_{lang}.txt")
+    path = resource_path(f"exclusion_terms_{lang}.txt")
     if not path.exists():
         raise FileNotFoundError(f"sex-specific term list {path} is missing (Appendix A of the paper)")
     with open(path, encoding="utf-8") as f:
@@ -810,7 +806,7 @@ def sex_specific_terms(lang: str) -> tuple[str, ...]:
 def sex_specific_forms(lang: str) -> tuple[dict, tuple]:
     """({Appendix A term: (its word forms)}, (phrases that are not sex-specific)) of `lang`, read from
     `triage_cf/resources/sex_specific_forms_<lang>.yaml`; every term of `sex_specific_terms(lang)` must have forms."""
-    path = _resource_path(f"sex_specific_forms_{lang}.yaml")
+    path = resource_path(f"sex_specific_forms_{lang}.yaml")
     with open(path, encoding="utf-8") as f:
         raw = read_yaml(f) or {}
     forms = {_norm(str(k)): tuple(_norm(str(w)) for w in (v or ())) for k, v in (raw.get("forms") or {}).items()}
@@ -1016,7 +1012,7 @@ def _lemma_of(table, w: str) -> str:
 
 def _verb_participle(w: str, target: str, lex: Lexicon, table) -> str | None:
     "The regular participle -é/-ée of `w` (the rules' `_regular_participle`) where the lemma lexicon makes its feminine a form of an -er verb."
-    new = _regular_participle(w, _other(target), lex)
+    new = _regular_participle(w, other_sex(target), lex)
     fem = new if target == "F" else w
     return new if new is not None and _lemma_of(table, fem) == fem[:-2] + "er" else None
 
@@ -1046,7 +1042,7 @@ def _bare_predicate(t) -> bool:
 def _of_source_gender(t, lex: Lexicon, target: str) -> bool:
     "Is `t` not already of the target gender (by the lexicon, or the morphologizer's Gender where it gives one)?"
     g = t.morph.get("Gender")
-    return lex.gender_of(t.text) != {target} and (not g or _GENDER[_other(target)] in g)
+    return lex.gender_of(t.text) != {target} and (not g or _GENDER[other_sex(target)] in g)
 
 def _predicative(t) -> bool:
     """Is `t` an attribute with its verb (copula, passive, *se dire/sentir* ...)? Only there the regular endings are
@@ -1150,7 +1146,7 @@ METHODS = ("rules", "llm")
 class SexSpecificContent(ValueError):
     "The note holds inherently sex-specific content (paper Appendix A): excluded from counterfactualisation."
 
-def _check_args(target_sex: str, lang: str, method: str):
+def check_rewrite_args(target_sex: str, lang: str, method: str):
     if target_sex not in SEXES:
         raise ValueError(f"target_sex must be one of {SEXES}, got {target_sex!r}")
     if lang not in LANGS:
@@ -1170,7 +1166,7 @@ def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=Non
     `method="rules"`: the deterministic g, on the spaCy analyser where installed (`analyser`: auto | spacy | none, see
     `analyser_for`), else the rules. `method="llm"`: the few-shot LLM g of `rewriter` (an `LLMRewriter`,
     `triage_cf.rewrite_llm`), whose answer must also parse and validate (else ValueError with the reason)."""
-    _check_args(target_sex, lang, method)
+    check_rewrite_args(target_sex, lang, method)
     if not isinstance(text, str):
         raise TypeError(f"g expects a str note, got {type(text).__name__}")
     term = sex_specific_match(text, lang)
@@ -1234,7 +1230,7 @@ class RewriteResult(NamedTuple):
     status: str          # ok | excluded | rejected | missing
     reason: str
 
-def _check_rewriter(rewriter, lang: str):
+def check_rewriter(rewriter, lang: str):
     "The `rewriter` of `method='llm'` (an `LLMRewriter` of `lang`, from `triage_cf.rewrite_llm`), checked."
     if rewriter is None:
         raise ValueError("method='llm' needs rewriter= (an LLMRewriter: triage_cf.rewrite_llm.make_rewriter)")
@@ -1247,7 +1243,7 @@ def _check_rewriter(rewriter, lang: str):
 def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules", rewriter=None,
                         analyser: str = "auto") -> RewriteResult:
     "g + exclusion + validation for one note (see above)."
-    _check_args(target_sex, lang, method)
+    check_rewrite_args(target_sex, lang, method)
     if text is None or (isinstance(text, float) and np.isnan(text)) or text is pd.NA:
         return RewriteResult(None, "missing", "no text")
     if not isinstance(text, str):
@@ -1256,7 +1252,7 @@ def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules",
     if term is not None:
         return RewriteResult(None, "excluded", f"sex-specific content: {term!r}")
     if method == "llm":
-        return _check_rewriter(rewriter, lang).rewrite_records([{"note": text}], [target_sex])[0]["note"]
+        return check_rewriter(rewriter, lang).rewrite_records([{"note": text}], [target_sex])[0]["note"]
     return counterfactual_texts([text], [target_sex], lang, analyser)[0]
 
 def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: str = "auto",
@@ -1266,7 +1262,7 @@ def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: s
         raise ValueError(f"{len(texts)} notes but {len(targets)} target sexes")
     out, todo = [], []
     for k, (text, target) in enumerate(zip(texts, targets)):
-        _check_args(target, lang, "rules")
+        check_rewrite_args(target, lang, "rules")
         if text is None or (isinstance(text, float) and np.isnan(text)) or text is pd.NA:
             out.append(RewriteResult(None, "missing", "no text")); continue
         if not isinstance(text, str):

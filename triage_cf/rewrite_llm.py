@@ -19,20 +19,20 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .core import sha256_text
+from .core import resource_path, sha256_text
+from .emulator import SEX_WORDS
 from .llm import Generation, bf16_pays, cache_dir, make_client
 from .rewrite import (
     LANGS, SEXES, RewriteResult, SexSpecificContent, counterfactual_text, rewrite_rules, sex_specific_match,
-    validate_rewrite, _check_args, _check_rewriter, _other, _resource_path)
+    validate_rewrite, check_rewrite_args, check_rewriter, other_sex)
 
 # %% auto #0
-__all__ = ['LLM_FIELDS', 'SEX_WORDS', 'FIELD_TAGS', 'LLM_PROMPTS', 'Exemplar', 'load_exemplars', 'prompt_version',
-           'render_record', 'rewrite_messages', 'parse_rewrite', 'LLMRewriter', 'make_rewriter',
-           'default_rewrite_cache', 'swap_text', 'swap_tsv']
+__all__ = ['LLM_FIELDS', 'FIELD_TAGS', 'LLM_PROMPTS', 'Exemplar', 'load_exemplars', 'prompt_version', 'render_record',
+           'rewrite_messages', 'parse_rewrite', 'LLMRewriter', 'make_rewriter', 'default_rewrite_cache', 'swap_text',
+           'swap_tsv']
 
 # %% ../nbs/05b_rewrite_llm.ipynb #4aa993f7
 LLM_FIELDS = ("hpi", "pmh", "note")
-SEX_WORDS = {"en": {"F": "female", "M": "male"}, "fr": {"F": "femme", "M": "homme"}}
 FIELD_TAGS = {"en": {"sex": "sex", "cc_text": "chief_complaint", "hpi": "history_of_present_illness",
                      "pmh": "past_medical_history", "note": "note"},
               "fr": {"sex": "sexe", "cc_text": "motif", "hpi": "histoire_de_la_maladie", "pmh": "antecedents",
@@ -80,7 +80,7 @@ def load_exemplars(lang: str) -> tuple[Exemplar, ...]:
     "The curated few-shot exemplars of `lang` (package data `resources/rewrite_exemplars.json`), checked on load."
     if lang not in LANGS:
         raise ValueError(f"unknown language {lang!r}; expected one of {LANGS}")
-    path = _resource_path("rewrite_exemplars.json")
+    path = resource_path("rewrite_exemplars.json")
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     out, bad = [], []
@@ -144,7 +144,7 @@ def rewrite_messages(fields: Mapping[str, str | None], source_sex: str, lang: st
     for ex in load_exemplars(lang)[:n_shots]:
         msgs.append({"role": "user", "content": (head if len(msgs) == 1 else "") +
                      render_record(_exemplar_fields(ex.source, list(fields)), ex.sex, lang)})
-        msgs.append({"role": "assistant", "content": render_record(_exemplar_fields(ex.target, list(fields)), _other(ex.sex), lang)})
+        msgs.append({"role": "assistant", "content": render_record(_exemplar_fields(ex.target, list(fields)), other_sex(ex.sex), lang)})
     msgs.append({"role": "user", "content": (head if len(msgs) == 1 else "") + render_record(fields, source_sex, lang)})
     return msgs
 
@@ -281,7 +281,7 @@ def _rewrite_records(self, records: Sequence[Mapping[str, str | None]], target_s
     if len(records) != len(target_sexes):
         raise ValueError(f"{len(records)} records for {len(target_sexes)} target sexes")
     for i, (r, t) in enumerate(zip(records, target_sexes)):
-        _check_args(t, self.lang, "llm")
+        check_rewrite_args(t, self.lang, "llm")
         bad = [f for f, v in r.items() if f not in LLM_FIELDS or not (v is None or isinstance(v, str))]
         if bad:
             raise ValueError(f"record {i}: fields {bad} are not text fields of the LLM g {LLM_FIELDS} (or not str)")
@@ -296,7 +296,7 @@ def _rewrite_records(self, records: Sequence[Mapping[str, str | None]], target_s
             todo.append(i)
     for s in tqdm(range(0, len(todo), self.batch_size), disable=not self.progress, desc="LLM g"):
         chunk = todo[s:s + self.batch_size]
-        convs = [rewrite_messages(records[i], _other(target_sexes[i]), self.lang, self.n_shots) for i in chunk]
+        convs = [rewrite_messages(records[i], other_sex(target_sexes[i]), self.lang, self.n_shots) for i in chunk]
         gens = self.client.generate(convs, max_tokens=self._budgets(convs), temperature=0.0)
         for i, gen in zip(chunk, gens):
             out[i] = self._finish(records[i], target_sexes[i], gen)
@@ -341,7 +341,7 @@ def _llm_rewriter(rewriter, lang: str) -> "LLMRewriter":
         return make_rewriter(lang, cache=default_rewrite_cache())
     if not isinstance(rewriter, LLMRewriter):
         raise TypeError(f"rewriter must be an LLMRewriter (make_rewriter), got {type(rewriter).__name__}")
-    return _check_rewriter(rewriter, lang)
+    return check_rewriter(rewriter, lang)
 
 # %% ../nbs/05b_rewrite_llm.ipynb #af088b3a
 _TO = {"female": "F", "f": "F", "male": "M", "m": "M"}
@@ -365,7 +365,7 @@ def swap_text(text: str, lang: str, to: str, method: str = "rules", rewriter=Non
 def swap_tsv(in_path, column: str, lang: str, to: str, out_path, method: str = "rules", rewriter=None) -> pd.DataFrame:
     "Rewrite `column` of the TSV `in_path` to `to`; write `out_path` (+ swap_status, swap_reason); return the table."
     target = _target(to)
-    _check_args(target, lang, method)
+    check_rewrite_args(target, lang, method)
     in_path, out_path = Path(in_path), Path(out_path)
     df = pd.read_csv(in_path, sep="\t", dtype=str, keep_default_na=False, na_values=[""], quoting=csv.QUOTE_MINIMAL)
     if column not in df.columns:

@@ -8,13 +8,12 @@ from __future__ import annotations
 import math
 import random
 import re
-from importlib import resources
 from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from .core import VIEWS, read_yaml
+from .core import VIEWS, read_yaml, resource_path
 
 # %% auto #0
 __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES', 'CUTPOINTS', 'LEVELS', 'LANG_OFFSET',
@@ -26,7 +25,7 @@ __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES
 # %% ../nbs/01a_synth.ipynb #35f67d2c
 def _resource(name: str):
     "A phrase or template table of the generator, read from `triage_cf/resources/synth/<name>.yaml`."
-    with (resources.files("triage_cf") / "resources" / "synth" / f"{name}.yaml").open(encoding="utf-8") as f:
+    with resource_path("synth", f"{name}.yaml").open(encoding="utf-8") as f:
         return read_yaml(f)
 
 # %% ../nbs/01a_synth.ipynb #8ccfaabd
@@ -49,10 +48,10 @@ _FR_AGREE_M = {m for m, f in _FR_AGREE}
 _FR_AGREE_F = {f for m, f in _FR_AGREE}
 _FR_POSSESSIVES = set(_CUES["fr_possessives"])
 _FR_IMPERSONAL_NEXT = set(_CUES["fr_impersonal_next"])
-_WORD = re.compile(r"[A-Za-zÀ-ÖØ-öø-ÿŒœ][A-Za-zÀ-ÖØ-öø-ÿŒœ'’\-]*|[0-9]+|[.;:!?\n]")
+_TOKEN = re.compile(r"[A-Za-zÀ-ÖØ-öø-ÿŒœ][A-Za-zÀ-ÖØ-öø-ÿŒœ'’\-]*|[0-9]+|[.;:!?\n]")
 
 def _fr_counts(text: str) -> tuple[int, int]:
-    toks = _WORD.findall(text)
+    toks = _TOKEN.findall(text)
     f = m = 0
     start = True  # at the start of a sentence
     for i, tok in enumerate(toks):
@@ -171,7 +170,7 @@ def _hinge(x):
     return np.where(np.isnan(x), 0.0, np.maximum(x, 0.0))
 
 # %% ../nbs/01a_synth.ipynb #571f9a72
-def _num(df: pd.DataFrame, col: str) -> np.ndarray:
+def _float_column(df: pd.DataFrame, col: str) -> np.ndarray:
     return pd.to_numeric(df[col], errors="raise").to_numpy(dtype=float, na_value=np.nan)
 
 # %% ../nbs/01a_synth.ipynb #c0686ad2
@@ -209,8 +208,8 @@ def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: 
     unknown = sorted({c for c in cc if c is not None and c not in _BETA})
     if unknown:
         raise ValueError(f"oracle_{lang}: column cc_code holds {sum(c in unknown for c in cc)} unknown class code(s): {unknown[:10]}")
-    hr, rr, sbp, spo2 = (_num(df, c) for c in ("hr", "rr", "sbp", "spo2"))
-    temp, gcs, pain, age = (_num(df, c) for c in ("temp_c", "gcs", "pain", "age"))
+    hr, rr, sbp, spo2 = (_float_column(df, c) for c in ("hr", "rr", "sbp", "spo2"))
+    temp, gcs, pain, age = (_float_column(df, c) for c in ("temp_c", "gcs", "pain", "age"))
     mu = np.array([BETA_MISSING_CC if c is None else _BETA[c] for c in cc], dtype=float)   # clinical acuity c(x)
     mu += -0.012 * _hinge(hr - 100) - 0.02 * _hinge(50 - hr)
     mu += -0.06 * _hinge(rr - 20) - 0.05 * _hinge(10 - rr)

@@ -17,7 +17,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from .core import sha256_text, write_table
-from .tbias_words import (LANGUAGES, RESOURCE_DIR, _lines, _read_answers_csv, _rng, load_prompts, normalize,
+from .tbias_words import (TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, csv_line_numbers, read_answers_csv, keyed_rng, load_prompts, normalize,
                                    read_corpus, run_generation)
 
 # %% auto #0
@@ -36,7 +36,7 @@ PATIENT_SEED = 3
 
 def load_names(path: str | Path | None = None) -> pd.DataFrame:
     "Name parts (`kind` female/male/surname, `en`, `es`), one-to-one between languages."
-    path = Path(path or RESOURCE_DIR / "names.tsv")
+    path = Path(path or TBIAS_RESOURCE_DIR / "names.tsv")
     df = pd.read_csv(path, sep="\t", comment="#", dtype=str, keep_default_na=False)
     missing = {"kind", "en", "es"} - set(df.columns)
     if missing:
@@ -87,14 +87,14 @@ CONDITIONS = ("selection", "explanation", "symptoms")
 
 def load_symptoms(path: str | Path | None = None) -> pd.DataFrame:
     "The symptom list (`service, urgency high|low, en, es`); each service needs two symptoms of each urgency."
-    path = Path(path or RESOURCE_DIR / "symptoms.tsv")
+    path = Path(path or TBIAS_RESOURCE_DIR / "symptoms.tsv")
     df = pd.read_csv(path, sep="\t", comment="#", dtype=str, keep_default_na=False)
     missing = {"service", "urgency", "en", "es"} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: missing column(s) {sorted(missing)}")
     bad = df.index[~df.urgency.isin(["high", "low"])]
     if len(bad):
-        raise ValueError(f"{path}: column 'urgency' must be high or low; line(s) {_lines(bad)}")
+        raise ValueError(f"{path}: column 'urgency' must be high or low; line(s) {csv_line_numbers(bad)}")
     n = df.groupby(["service", "urgency"]).size()
     short = [f"{s}/{u}" for s in SERVICES for u in ("high", "low") if n.get((s, u), 0) < 2]
     if short:
@@ -114,7 +114,7 @@ def make_pairs(patients: pd.DataFrame, services: Sequence[str] = SERVICES, n_pai
             raise ValueError(f"unknown service {svc!r}; known: {list(prompts['services'])}")
         cis_ids, trans_ids = (patients[patients.identity.isin(ids)].person_id.to_numpy()
                               for ids in SERVICE_POOLS[prompts["services"][svc]["group"]])
-        r = _rng(seed, "pairs", svc)
+        r = keyed_rng(seed, "pairs", svc)
         if n_pairs > len(cis_ids) * len(trans_ids):
             raise ValueError(f"{svc}: {n_pairs} pairs asked, the pool has {len(cis_ids) * len(trans_ids)}")
         pick = r.choice(len(cis_ids) * len(trans_ids), n_pairs, replace=False)
@@ -171,7 +171,7 @@ def allocation_messages(t: dict, person_1: dict, person_2: dict, symptoms=(None,
            [{"role": "user", "content": user}]
 
 # %% ../nbs/03b_tbias_allocation.ipynb #0d7b3c52
-def allocation_requests(pairs: pd.DataFrame, patients: pd.DataFrame, languages: Sequence[str] = LANGUAGES,
+def allocation_requests(pairs: pd.DataFrame, patients: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES,
                         conditions: Sequence[str] = CONDITIONS, symptoms: pd.DataFrame | None = None,
                         template_set: str | None = None) -> pd.DataFrame:
     """One row per language × condition × pair × order with `candidate_1/2`, `group_1/2`, the chat `messages`,
@@ -198,7 +198,7 @@ def allocation_requests(pairs: pd.DataFrame, patients: pd.DataFrame, languages: 
     return pd.DataFrame(rows)
 
 # %% ../nbs/03b_tbias_allocation.ipynb #d08cfb10
-_TAG = re.compile(r"<\s*(person|persona)\s*>\s*(.*?)\s*(?:<\s*/\s*(?:person|persona)\s*>|$)", re.S | re.M)
+_PERSON_TAG = re.compile(r"<\s*(person|persona)\s*>\s*(.*?)\s*(?:<\s*/\s*(?:person|persona)\s*>|$)", re.S | re.M)
 _EXPL = re.compile(r"<\s*(explanation|explicacion)\s*>.*?(<\s*/\s*(explanation|explicacion)\s*>|$)", re.S)
 _POS = re.compile(r"^(?:person|persona|candidate|candidato|candidata|patient|paciente)\s*#?\s*([12])$")
 _POS_TEXT = re.compile(r"(?<![a-z</])(?:person|persona|candidate|candidato|candidata|patient|paciente)\s*#?\s*([12])(?![0-9>])")
@@ -228,7 +228,7 @@ def _mentions(text: str, name: str) -> bool:
 def _unechoed(text: str) -> str:
     "The answer without tags, explanations and the lines that echo the prompt (see above)."
     out, skip = [], False
-    for line in _EXPL.sub(" ", _TAG.sub(" ", text)).splitlines():
+    for line in _EXPL.sub(" ", _PERSON_TAG.sub(" ", text)).splitlines():
         if _BARE_HEADER.match(line):
             skip = True
         elif skip and line.strip():
@@ -264,7 +264,7 @@ def parse_choice(response: str | None, name_1: str, name_2: str) -> tuple[int | 
     text = normalize(response or "")
     if not text.strip():
         return None, "unparsed"
-    tags = [m.group(2) for m in _TAG.finditer(text)]
+    tags = [m.group(2) for m in _PERSON_TAG.finditer(text)]
     said = [c for c in (_tag_choice(t, (name_1, name_2)) for t in tags) if c is not None]
     if said:
         valid = {p for p, s in said if s == "valid"}
@@ -291,7 +291,7 @@ def allocation_corpus(path: str | Path | None = None) -> pd.DataFrame:
     """The allocation answer corpus (`resources/tbias/answers_allocation.jsonl`; one JSON answer per line: `id,
     language, format, name_1, name_2, response, expected` {position, status}, `source`), each answer parsed:
     `position`, `status` and `agrees` (the parse is the expected reading)."""
-    path = Path(path or RESOURCE_DIR / "answers_allocation.jsonl")
+    path = Path(path or TBIAS_RESOURCE_DIR / "answers_allocation.jsonl")
     rows = []
     for n, r in read_corpus(path, {"id", "language", "format", "name_1", "name_2", "response", "expected"}):
         if set(r["expected"]) != {"position", "status"}:
@@ -352,7 +352,7 @@ def allocation_stats(instances: pd.DataFrame, n_boot: int = 2000, seed: int = 0)
     rows = []
     for key, g in instances.groupby(ALLOCATION_KEYS, sort=True):
         tpl = {c: ",".join(sorted(set(g[c].dropna()))) for c in ("template_set", "template_sha256") if c in g.columns}
-        rows.append({**dict(zip(ALLOCATION_KEYS, key)), **_cell_stats(g, n_boot, int(_rng(seed, *key).integers(2**31))), **tpl})
+        rows.append({**dict(zip(ALLOCATION_KEYS, key)), **_cell_stats(g, n_boot, int(keyed_rng(seed, *key).integers(2**31))), **tpl})
     df = pd.DataFrame(rows, columns=ALLOCATION_COLUMNS + [c for c in ("template_set", "template_sha256") if c in instances.columns])
     has = df.sign_test_p.notna()
     df["q_value"] = np.nan
@@ -361,7 +361,7 @@ def allocation_stats(instances: pd.DataFrame, n_boot: int = 2000, seed: int = 0)
     return df
 
 # %% ../nbs/03b_tbias_allocation.ipynb #98344360
-def explicit_allocation_requests(languages: Sequence[str] = LANGUAGES, services: Sequence[str] = SERVICES) -> pd.DataFrame:
+def explicit_allocation_requests(languages: Sequence[str] = TBIAS_LANGUAGES, services: Sequence[str] = SERVICES) -> pd.DataFrame:
     "One explicit equal-treatment question per language × service."
     p = load_prompts()
     rows = []
@@ -444,22 +444,22 @@ def _validate_allocation(df: pd.DataFrame, csv) -> list[dict]:
         df[c] = df[c].str.strip().str.lower()
     bad = df.index[~df.group_1.isin(["cis", "trans"]) | ~df.group_2.isin(["cis", "trans"])]
     if len(bad):
-        raise ValueError(f"{csv}: group_1/group_2 must be cis or trans; {len(bad)} row(s) are not, line(s) {_lines(bad)}")
+        raise ValueError(f"{csv}: group_1/group_2 must be cis or trans; {len(bad)} row(s) are not, line(s) {csv_line_numbers(bad)}")
     same = df.index[df.group_1 == df.group_2]
     if len(same):
-        raise ValueError(f"{csv}: a row must have one cis and one trans candidate; {len(same)} row(s) do not, line(s) {_lines(same)}")
+        raise ValueError(f"{csv}: a row must have one cis and one trans candidate; {len(same)} row(s) do not, line(s) {csv_line_numbers(same)}")
     key = ["model", "language", "service", "condition", "pair_id"]
     cands = df.assign(c=[frozenset(map(normalize, x)) for x in zip(df.candidate_1, df.candidate_2)])
     diff = cands.groupby(key).c.transform("nunique") > 1
     if diff.any():
-        raise ValueError(f"{csv}: the two orders of a pair name different candidates, line(s) {_lines(df.index[diff])}")
+        raise ValueError(f"{csv}: the two orders of a pair name different candidates, line(s) {csv_line_numbers(df.index[diff])}")
     issues = [{"line": i + 2, "issue": "empty response: counted as unparsed"} for i in df.index[df.response.str.strip() == ""]]
     return issues
 
 # %% ../nbs/03b_tbias_allocation.ipynb #c4f5440d
 def allocation_from_csv(csv: str | Path, out: str | Path, n_boot: int = 2000, seed: int = 0) -> dict[str, Path]:
     "The allocation table of a CSV of answers (columns above); returns the written paths."
-    df = _read_answers_csv(csv, BYO_ALLOCATION_COLUMNS)
+    df = read_answers_csv(csv, BYO_ALLOCATION_COLUMNS)
     issues = _validate_allocation(df, csv)
     key = ["model", "language", "service", "condition", "pair_id", "group_1"]
     dup = df.duplicated(key, keep="first")

@@ -10,40 +10,40 @@ import re
 import unicodedata
 import zlib
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from .core import read_yaml, sha256_file, sha256_text, write_table
+from .core import read_yaml, resource_path, sha256_file, sha256_text, write_table
 from .llm import make_client, tiny_causal_lm, tiny_tokenizer
 
 # %% auto #0
-__all__ = ['RESOURCE_DIR', 'CATEGORIES', 'LANGUAGES', 'TEMPLATE_SETS', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256',
-           'load_prompts', 'load_words', 'normalize', 'sample_iterations', 'association_template', 'association_prompt',
-           'association_requests', 'parse_word_labels', 'read_corpus', 'word_corpus', 'bias_score', 'bootstrap_bias',
-           'score_answers', 'iteration_counts', 'bias_table', 'explicit_requests', 'parse_explicit', 'run_generation',
-           'run_word_association', 'make_tb_client', 'model_label', 'bias_figure', 'word_association_from_csv']
+__all__ = ['TBIAS_RESOURCE_DIR', 'CATEGORIES', 'TBIAS_LANGUAGES', 'TEMPLATE_SETS', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256',
+           'load_prompts', 'load_words', 'normalize', 'keyed_rng', 'sample_iterations', 'association_template',
+           'association_prompt', 'association_requests', 'parse_word_labels', 'read_corpus', 'word_corpus',
+           'bias_score', 'bootstrap_bias', 'score_answers', 'iteration_counts', 'bias_table', 'explicit_requests',
+           'parse_explicit', 'run_generation', 'run_word_association', 'make_tb_client', 'model_label', 'bias_figure',
+           'csv_line_numbers', 'read_answers_csv', 'word_association_from_csv']
 
 # %% ../nbs/03a_tbias_words.ipynb #64fe17f4
-RESOURCE_DIR = Path(str(resources.files("triage_cf").joinpath("resources", "tbias")))
+TBIAS_RESOURCE_DIR = resource_path("tbias")
 #: The 8 categories of §2, in the seed's order.
 CATEGORIES = ("emotions", "morality", "risk", "veracity", "appearance", "knowledge", "legality_crime", "life_outcomes")
-LANGUAGES = ("en", "es")
+TBIAS_LANGUAGES = ("en", "es")
 #: Prompt wording: the authors' (default; `prompts.yaml`) or this project's own.
 TEMPLATE_SETS = ("authors", "project")
 
 def resource_sha256(*names: str) -> dict[str, str]:
     "sha256 of the named resource files (default: every file of `resources/tbias/`), keyed by file name."
-    files = [RESOURCE_DIR / n for n in names] if names else sorted(RESOURCE_DIR.glob("*.*"))
+    files = [TBIAS_RESOURCE_DIR / n for n in names] if names else sorted(TBIAS_RESOURCE_DIR.glob("*.*"))
     return {p.name: sha256_file(p) for p in files}
 
 @lru_cache(maxsize=None)
 def load_prompts(path: str | None = None) -> dict:
     "The prompt file (`resources/tbias/prompts.yaml` unless `path`)."
-    with open(path or RESOURCE_DIR / "prompts.yaml", encoding="utf-8") as f:
+    with open(path or TBIAS_RESOURCE_DIR / "prompts.yaml", encoding="utf-8") as f:
         return read_yaml(f)
 
 # %% ../nbs/03a_tbias_words.ipynb #e47ebd90
@@ -51,9 +51,9 @@ def load_words(path: str | Path | None = None, spanish: str = "authors") -> pd.D
     """The word lists (`word_id, category, sentiment, en, es`), validated: unique ids, known categories, sentiment
     positive/negative, no word repeated within a category and language (it could not be told apart in an answer).
     `spanish="project"` puts this project's renderings (column `es_project`) in `es` instead of the authors' words."""
-    path = Path(path or RESOURCE_DIR / "words.tsv")
+    path = Path(path or TBIAS_RESOURCE_DIR / "words.tsv")
     df = pd.read_csv(path, sep="\t", comment="#", dtype=str, keep_default_na=False)
-    missing = {"word_id", "category", "sentiment", *LANGUAGES} - set(df.columns)
+    missing = {"word_id", "category", "sentiment", *TBIAS_LANGUAGES} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: missing column(s) {sorted(missing)}")
     if spanish not in ("authors", "project"):
@@ -67,7 +67,7 @@ def load_words(path: str | Path | None = None, spanish: str = "authors") -> pd.D
         raise ValueError(f"{path}: {len(bad)} row(s) with an unknown sentiment or category: {bad.word_id.tolist()[:10]}")
     if df.word_id.duplicated().any():
         raise ValueError(f"{path}: duplicated word_id {df.word_id[df.word_id.duplicated()].tolist()}")
-    for lang in LANGUAGES:
+    for lang in TBIAS_LANGUAGES:
         dup = df.assign(k=df[lang].map(normalize))[["category", "k"]].duplicated()
         if dup.any():
             raise ValueError(f"{path}: {lang} word repeated within a category: {df[lang][dup].tolist()}")
@@ -85,7 +85,7 @@ def normalize(s: str) -> str:
     return "\n".join(re.sub(r"[ \t]+", " ", line).strip() for line in s.splitlines())
 
 # %% ../nbs/03a_tbias_words.ipynb #4262b6bf
-def _rng(seed: int, *keys) -> np.random.Generator:
+def keyed_rng(seed: int, *keys) -> np.random.Generator:
     "A generator that depends only on `seed` and the string keys (not on call order)."
     return np.random.default_rng([int(seed)] + [zlib.crc32(str(k).encode("utf-8")) for k in keys])
 
@@ -98,7 +98,7 @@ def sample_iterations(words: pd.DataFrame, categories: Sequence[str] = CATEGORIE
         if len(w) == 0:
             raise ValueError(f"unknown category {cat!r}; known: {list(CATEGORIES)}")
         for it in range(n_iterations):
-            r = _rng(seed, "association", cat, it)
+            r = keyed_rng(seed, "association", cat, it)
             ids = [*r.choice(w[w.sentiment == "positive"].word_id.to_numpy(), n_per_sentiment, replace=False),
                    *r.choice(w[w.sentiment == "negative"].word_id.to_numpy(), n_per_sentiment, replace=False)]
             ids = list(r.permutation(ids))
@@ -124,7 +124,7 @@ def association_prompt(word_texts: Sequence[str], template_id: int, labels_order
         words="\n".join(word_texts), word_list=", ".join(word_texts), n_words=len(word_texts), len=len(word_texts),
         len_labels=2, option_words=f"{a} {p['or_word'][language]} {b}")
 
-def association_requests(words: pd.DataFrame, languages: Sequence[str] = LANGUAGES, categories: Sequence[str] = CATEGORIES,
+def association_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES, categories: Sequence[str] = CATEGORIES,
                          n_iterations: int = 50, seed: int = 0, template_set: str | None = None) -> pd.DataFrame:
     "Every prompt of the test: one row per language × category × iteration with its chat `messages` and `template_sha256`."
     ts = template_set or load_prompts()["default_template_set"]
@@ -313,7 +313,7 @@ def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
     """The word-association answer corpus (`resources/tbias/answers_word_association.jsonl`; one JSON answer per line:
     `id, language, format, words, response, expected` {word: cis|trans|invalid}, `expected_invented`, `source`), each
     answer parsed: `parsed` ({word: cis|trans|invalid}), `n_invented`, and `agrees` (the parse is the expected reading)."""
-    path = Path(path or RESOURCE_DIR / "answers_word_association.jsonl")
+    path = Path(path or TBIAS_RESOURCE_DIR / "answers_word_association.jsonl")
     rows = []
     for n, r in read_corpus(path, {"id", "language", "format", "words", "response", "expected"}):
         if set(r["expected"]) != set(r["words"]):
@@ -404,7 +404,7 @@ def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
     rows = []
     for key, g in iterations.groupby(["model", "language", "category"], sort=True):
         b = bootstrap_bias(g[["N_t", "P_t", "N_c", "P_c"]].to_numpy(), n_boot=n_boot,
-                           seed=int(_rng(seed, *key).integers(2**31)))
+                           seed=int(keyed_rng(seed, *key).integers(2**31)))
         n_words, n_invalid = int(g.n_words.sum()), int(g.n_invalid.sum())
         rows.append({**dict(zip(["model", "language", "category"], key)), **b, "n_words": n_words, "n_invalid": n_invalid,
                      "invalid_rate": n_invalid / n_words if n_words else np.nan, "n_invented": int(g.n_invented.sum()),
@@ -413,7 +413,7 @@ def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
     return pd.DataFrame(rows)
 
 # %% ../nbs/03a_tbias_words.ipynb #008893e7
-def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = LANGUAGES, categories: Sequence[str] = CATEGORIES,
+def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES, categories: Sequence[str] = CATEGORIES,
                       n_repeats: int = 5, seed: int = 0) -> pd.DataFrame:
     "The explicit questions: per language × category × repeat (different example words, shuffled group order)."
     p = load_prompts()
@@ -421,7 +421,7 @@ def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = LANGUAGES,
     for cat in categories:
         w = words[words.category == cat]
         for rep in range(n_repeats):
-            r = _rng(seed, "explicit", cat, rep)
+            r = keyed_rng(seed, "explicit", cat, rep)
             pos = list(r.choice(w[w.sentiment == "positive"].word_id.to_numpy(), 3, replace=False))
             neg = list(r.choice(w[w.sentiment == "negative"].word_id.to_numpy(), 3, replace=False))
             order = ("cis", "trans") if r.integers(2) == 0 else ("trans", "cis")
@@ -458,7 +458,7 @@ def run_generation(client, requests: pd.DataFrame, max_tokens: int | Sequence[in
                            output_tokens=[getattr(g, "output_tokens", None) for g in gens],
                            finish_reason=[getattr(g, "finish_reason", None) for g in gens])
 
-def run_word_association(client, words: pd.DataFrame, model: str, languages=LANGUAGES, categories=CATEGORIES,
+def run_word_association(client, words: pd.DataFrame, model: str, languages=TBIAS_LANGUAGES, categories=CATEGORIES,
                          n_iterations: int = 50, seed: int = 0, max_tokens: int = 160,
                          template_set: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     "(answers, word rows, iteration rows) of the implicit test for one model."
@@ -518,11 +518,11 @@ def bias_figure(table: pd.DataFrame, title: str | None = None):
 # %% ../nbs/03a_tbias_words.ipynb #32e83781
 WA_COLUMNS = ["model", "language", "category", "iteration", "word", "sentiment"]
 
-def _lines(idx) -> str:
+def csv_line_numbers(idx) -> str:
     idx = [int(i) + 2 for i in idx]  # CSV line numbers (header is line 1)
     return ", ".join(map(str, idx[:20])) + (f" (+{len(idx) - 20} more)" if len(idx) > 20 else "")
 
-def _read_answers_csv(csv, required: list[str], one_of: list[str] = ()) -> pd.DataFrame:
+def read_answers_csv(csv, required: list[str], one_of: list[str] = ()) -> pd.DataFrame:
     csv = Path(csv)
     if not csv.exists():
         raise FileNotFoundError(f"{csv}: no such file")
@@ -537,16 +537,16 @@ def _read_answers_csv(csv, required: list[str], one_of: list[str] = ()) -> pd.Da
     for c in required:
         empty = df.index[df[c].str.strip() == ""]
         if len(empty) and c not in ("response", "label"):
-            raise ValueError(f"{csv}: column {c!r} is empty on {len(empty)} row(s), line(s) {_lines(empty)}")
+            raise ValueError(f"{csv}: column {c!r} is empty on {len(empty)} row(s), line(s) {csv_line_numbers(empty)}")
     return df
 
 # %% ../nbs/03a_tbias_words.ipynb #11453480
 def word_association_from_csv(csv: str | Path, out: str | Path, n_boot: int = 2000, seed: int = 0) -> dict[str, Path]:
     "Bias scores with bootstrap CIs from a CSV of word-level answers (columns above); returns the written paths."
-    df = _read_answers_csv(csv, WA_COLUMNS, ["label", "response"])
+    df = read_answers_csv(csv, WA_COLUMNS, ["label", "response"])
     bad = df.index[~df.sentiment.str.strip().str.lower().isin(["positive", "negative"])]
     if len(bad):
-        raise ValueError(f"{csv}: column 'sentiment' must be positive or negative; {len(bad)} row(s) are not, line(s) {_lines(bad)}")
+        raise ValueError(f"{csv}: column 'sentiment' must be positive or negative; {len(bad)} row(s) are not, line(s) {csv_line_numbers(bad)}")
     df["sentiment"] = df.sentiment.str.strip().str.lower()
     issues = []
     dup = df.duplicated(["model", "language", "category", "iteration", "word"], keep="first")
@@ -558,7 +558,7 @@ def word_association_from_csv(csv: str | Path, out: str | Path, n_boot: int = 20
     else:
         nresp = df.groupby(["model", "language", "category", "iteration"]).response.transform("nunique")
         if (nresp > 1).any():
-            raise ValueError(f"{csv}: an iteration's 'response' differs between its rows, line(s) {_lines(df.index[nresp > 1])}")
+            raise ValueError(f"{csv}: an iteration's 'response' differs between its rows, line(s) {csv_line_numbers(df.index[nresp > 1])}")
         parts = []
         for _, g in df.groupby(["model", "language", "category", "iteration"], sort=False):
             p = parse_word_labels(g.response.iloc[0], g.word.tolist())
