@@ -1,4 +1,4 @@
-"""Benchmark: the FS baseline (RoBERTa trained from scratch, seed 000 section 2.5) at the paper's size on this machine,
+"""Benchmark: the FS baseline (RoBERTa trained from scratch, the counterfactual-triage paper, section 2.5) at the paper's size on this machine,
 for the FLOP-based FS estimate of `triage-cf plan`. Writes benchmarks/results/fs_throughput.json.
 
     .venv/bin/python benchmarks/fs_throughput.py [--threads 2] [--steps 3] [--n-records 20000]

@@ -1,4 +1,4 @@
-"""Benchmark of the two ΔM sources of the token-margin probes (seed 001): teacher-forced scoring of every level after the
+"""Benchmark of the two ΔM sources of the token-margin probes (YentlGuard): teacher-forced scoring of every level after the
 answer prefix (`client.score_continuations`, what the local and vLLM backends use) against generating the JSON answer
 with `top_logprobs=20` and reading ΔM at its decision position (what an API model allows), on the same prompts with the
 same model (default: the seed's 280 MIMIC-IV-ED Demo pass-1 prompts, the offline SmolLM2-135M-Instruct).
@@ -76,7 +76,7 @@ def main(argv=None) -> dict:
                      spearman=float(stats.spearmanr(exact["dm_score"], exact["dm_gen"])[0]),
                      argmax_agreement=float((exact["level_score"] == exact["level_gen"]).mean()))
     out = {
-        "what": "ΔM: teacher-forced scoring vs generated JSON answer + top_logprobs (seed 001 probes)",
+        "what": "ΔM: teacher-forced scoring vs generated JSON answer + top_logprobs (YentlGuard probes)",
         "dataset": a.dataset, "model": a.model, "fingerprint": client.fingerprint, "n_prompts": len(prompts),
         "max_tokens": a.max_tokens, "top_logprobs": a.top_logprobs,
         "wall_s": {"score_continuations": round(t_score, 2), "generate_top_logprobs": round(t_gen, 2)},

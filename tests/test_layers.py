@@ -4,12 +4,22 @@ inside a function (an import inside a function hides a dependency, and a hidden 
 Each name is defined in one module (one definition per concept: a shared one is imported, two concepts get two names), and
 no module imports another's private (`_`-prefixed) name: what crosses a module boundary is public.
 
+The modules fall into the compendium's parts (`PARTS`): the shared library at the bottom, then three instruments that
+never import one another: the human-triage audit, the margin probes and the transgender-bias probes. The command line
+is one module per part (`cli` for the shared commands, `cli_audit`, `cli_margins`, `cli_tbias`).
+
+The core requirements (settings.ini `requirements`) are imported at the top of a module, where a reader sees what it
+needs; only the optional heavy packages (the `llm`, `gpu` and `llamacpp` extras, vLLM, the model packages) and the few
+core ones named in `LAZY_REQUIREMENTS` (with the measured reason) are imported inside the functions that use them.
+
 Only the standard library's `ast` reads the sources: nothing is imported, so the test also holds for modules whose
-optional heavy dependencies (torch, transformers, vllm...) are not installed. Heavy third-party imports may stay inside
-functions; only imports of the package's own modules are checked."""
+optional heavy dependencies (torch, transformers, vllm...) are not installed."""
 from __future__ import annotations
 
 import ast
+import configparser
+import re
+import sys
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "triage_cf"
@@ -25,7 +35,7 @@ ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {
 #: names defined at the top level of more than one module, with the reason; each entry that is not an interface is a debt.
 ALLOWED_TWICE: dict[str, str] = {
     "main": "the entry point of each command-line module (cli, docs), called by console_scripts / python -m",
-    "register": "the hook each CLI part module (cli_data, cli_margins, cli_tbias) gives cli.py to add its subcommands",
+    "register": "the hook each part's CLI module (cli_audit, cli_margins, cli_tbias) gives cli.py to add its subcommands",
     # debt: two samplers of one idea. The emulator's keeps a one-record stratum whole and says how it drew; the recovery
     # study's pools one-record strata of several columns. One implementation changes the recovery study's draws.
     "stratified_subsample": "emulator (training subsample, one column) and recovery (several columns); to be merged",
@@ -203,3 +213,103 @@ def test_no_private_name_crosses_a_module():
                 bad += [f"triage_cf/{m}.py:{n.lineno} imports {a.name} from {n.module or '.'}" for a in n.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, "private names imported from another module (make them public, or move them):\n" + "\n".join(bad)
+
+
+#: The part of every module: the shared library (the bottom layer: data, the cohort design and g's sex-specific terms
+#: that every instrument's cohort uses, the LLM layer, the chain runner, the docs), the human-triage audit (Ferré et al.,
+#: the emulator and its counterfactual metrics), the margin probes (YentlGuard) and the transgender-bias probes (word
+#: association and appointment allocation). A new module must be placed here.
+PARTS: dict[str, str] = {
+    **dict.fromkeys(["core", "governance", "llm", "data", "synth", "fetch", "rewrite", "cohort", "chain", "docs", "cli"],
+                    "shared"),
+    **dict.fromkeys(["split", "null_control", "emulator", "ft_launch", "baselines", "rewrite_llm", "review",
+                     "counterfactuals", "predict", "metrics", "reconcile", "recovery", "plan", "report", "cli_audit"],
+                    "audit"),
+    **dict.fromkeys(["margins", "margins_probe", "cli_margins"], "margins"),
+    **dict.fromkeys(["tbias_words", "tbias_allocation", "cli_tbias"], "tbias"),
+}
+
+
+def part_violations(graph: dict[str, set[str]], parts: dict[str, str]) -> list[str]:
+    "Imports that cross parts the wrong way: the shared library imports only itself, an instrument only itself and shared."
+    bad = []
+    for m, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            pm, pt = parts[m], parts[t]
+            if pt != pm and pt != "shared":
+                bad.append(f"triage_cf.{m} ({pm}) imports triage_cf.{t} ({pt})")
+    return bad
+
+
+def test_part_rule_on_a_hand_built_graph():
+    parts = {"core": "shared", "metrics": "audit", "margins": "margins", "report": "audit"}
+    assert part_violations({"core": set(), "metrics": {"core"}, "report": {"metrics", "core"}, "margins": {"core"}}, parts) == []
+    assert part_violations({"core": {"metrics"}, "metrics": set(), "report": set(), "margins": {"report"}}, parts) == [
+        "triage_cf.core (shared) imports triage_cf.metrics (audit)",
+        "triage_cf.margins (margins) imports triage_cf.report (audit)"]
+
+
+def test_every_module_has_a_part_and_parts_do_not_import_each_other():
+    graph, inner = import_edges()
+    unplaced = sorted(set(graph) - set(PARTS) - {"__init__"})
+    assert not unplaced, f"modules without a part (add them to PARTS in tests/test_layers.py): {unplaced}"
+    stale = sorted(set(PARTS) - set(graph))
+    assert not stale, f"PARTS names modules that do not exist: {stale}"
+    full = {m: set(t) for m, t in graph.items() if m != "__init__"}
+    for m, t, _, _ in inner:
+        full[m].add(t)
+    bad = part_violations(full, PARTS)
+    assert not bad, "imports across the compendium's parts (move the shared concept to the shared library):\n" + "\n".join(bad)
+
+
+#: Import names of distributions whose module name differs from the distribution's.
+IMPORT_NAMES = {"scikit-learn": "sklearn", "pyyaml": "yaml", "opentelemetry-sdk": "opentelemetry",
+                "opentelemetry-exporter-otlp-proto-http": "opentelemetry"}
+#: Core requirements that stay inside functions, with the reason (import times measured on the 2-core machine: each
+#: would otherwise be paid by `triage-cf --help` and by every `import triage_cf.<module>` that does not use it).
+LAZY_REQUIREMENTS: dict[str, str] = {
+    "papermill": "notebook execution (1.4 s to import): only the chain runner and the docs build execute notebooks",
+    "nbconvert": "HTML rendering (1.5 s): only publishing a stage's notebook and the docs build render",
+    "nbformat": "notebook files (1.3 s): only where a notebook is read or written",
+    "spacy": "g's morphological analyser (1.6 s, and loading a pipeline more): g's rules work without it",
+}
+
+
+def core_requirements() -> set[str]:
+    "Top-level import names of settings.ini's `requirements`."
+    cfg = configparser.ConfigParser()
+    cfg.read(PKG.parent / "settings.ini")
+    out = set()
+    for req in cfg["DEFAULT"]["requirements"].split():
+        dist = re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower()
+        out.add(IMPORT_NAMES.get(dist, dist.replace("-", "_")))
+    return out
+
+
+def third_party_imports_in_functions() -> list[tuple[str, str, int]]:
+    "(module, imported top-level package, line) of every non-package, non-stdlib import inside a function."
+    out = []
+
+    def visit(node, module, in_func):
+        for child in ast.iter_child_nodes(node):
+            f = in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if in_func and isinstance(child, ast.Import):
+                out.extend((module, a.name.split(".")[0], child.lineno) for a in child.names)
+            elif in_func and isinstance(child, ast.ImportFrom) and not child.level and child.module:
+                out.append((module, child.module.split(".")[0], child.lineno))
+            visit(child, module, f)
+
+    for m, tree in modules().items():
+        visit(tree, m, False)
+    return [(m, t, ln) for m, t, ln in out if t != NAME and t not in sys.stdlib_module_names]
+
+
+def test_core_requirements_are_imported_at_module_level():
+    core = core_requirements()
+    assert {"sklearn", "yaml", "scipy", "matplotlib", "statsmodels", "tqdm", "papermill"} <= core
+    bad = [f"triage_cf/{m}.py:{ln} imports {t} inside a function" for m, t, ln in third_party_imports_in_functions()
+           if t in core and t not in LAZY_REQUIREMENTS]
+    assert not bad, ("core requirements imported inside functions (import them at the top of the module; only optional "
+                     "heavy packages stay lazy):\n" + "\n".join(bad))
+    stale = sorted(set(LAZY_REQUIREMENTS) - {t for _, t, _ in third_party_imports_in_functions()})
+    assert not stale, f"LAZY_REQUIREMENTS lists packages that no module imports inside a function: {stale}"

@@ -1,4 +1,4 @@
-"""Token-margin probes (seed 001, YentlGuard): the spec's known answers, the seed's 70 MIMIC-IV-ED Demo vignettes, the
+"""Token-margin probes (YentlGuard): the spec's known answers, the seed's 70 MIMIC-IV-ED Demo vignettes, the
 named outcomes of bad input (through the shared fake OpenAI server for the top-logprob path), and the smoke chain end
 to end (`reproduce` with the `margins-smoke` profile)."""
 from __future__ import annotations

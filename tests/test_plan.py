@@ -46,7 +46,7 @@ def test_every_dataset_and_profile_has_a_plan(dataset, profile, tmp_path):
 def test_paper_profile_numbers():
     p = plan("synth-fr", "paper", gpus=4, run_dir="/nonexistent")
     wl = p["workload"]
-    assert (p["sizes"]["cohort"], p["sizes"]["train"], p["sizes"]["test"]) == (144888, 72444, 72444)  # seed 000, 5.1.1
+    assert (p["sizes"]["cohort"], p["sizes"]["train"], p["sizes"]["test"]) == (144888, 72444, 72444)  # the paper, section 5.1.1
     assert (wl["ft_train"], wl["ft_val"], wl["epochs"], wl["pairs"]) == (72444 - 7245, 7245, 5, 72444)
     assert wl["train_tokens"] == pytest.approx((72444 - 7245) * 5 * 447.4)
     t = next(r for r in p["stages"] if r["stage"] == "04_emulator")["seconds"]

@@ -1,4 +1,4 @@
-"""Known answers of the transgender-bias tasks (seed 003; ../shared/specs/transgender_bias.md §5), the answer parsers,
+"""Known answers of the transgender-bias tasks (Hirsch et al.; ../shared/specs/transgender_bias.md §5), the answer parsers,
 the bring-your-own-answers CLI on good and malformed CSVs, and the two stages end to end on the smoke profile."""
 import re
 from types import SimpleNamespace

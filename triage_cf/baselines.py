@@ -16,8 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix, make_scorer, precision_recall_fscore_support
+from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
+from sklearn.neural_network import MLPClassifier
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
 
 from .core import VIEWS, atomic_write_bytes, file_sha256, seed_everything, sha256_text, write_json
 from .emulator import prompt_fields, render_patient
@@ -84,7 +94,6 @@ def _quiet_hf():
 def evaluate_predictions(y_true: Sequence[int], y_pred: Sequence[int], levels: Sequence[int]) -> dict:
     """$\\kappa_w$ (quadratic), weighted precision / recall / F1, accuracy, `n_test` and the confusion matrix
     (`confusion`, rows = nurses' level, columns = predicted level, in the order of `levels`) of `y_pred` vs `y_true`."""
-    from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix, precision_recall_fscore_support
     levels = [int(l) for l in levels]
     yt, yp = _check_labels(y_true, levels, "y_true"), _check_labels(y_pred, levels, "y_pred")
     if len(yt) != len(yp) or len(yt) == 0:
@@ -119,8 +128,6 @@ def table2_performance(rows: Sequence[Mapping]) -> pd.DataFrame:
 # %% ../nbs/04b_baselines.ipynb #42d75fa3
 def figure2_kappa_vs_size(table2: pd.DataFrame, reference: Mapping[str, float] | None = None, title: str | None = None):
     "Figure 2: $\\kappa_w$ by parameter count (log axis); sizeless models (RF) as red dashed lines, `reference` dotted."
-    import matplotlib.pyplot as plt
-    import seaborn as sns
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sized = table2[table2.parameters.notna()].sort_values("parameters")
     if len(sized):
@@ -142,8 +149,6 @@ def figure2_kappa_vs_size(table2: pd.DataFrame, reference: Mapping[str, float] |
 # %% ../nbs/04b_baselines.ipynb #99cde8ca
 def confusion_figure(cm, levels: Sequence[int], title: str = ""):
     "Heatmap of a confusion matrix (rows: nurses' level, columns: predicted level): counts, shaded by row share."
-    import matplotlib.pyplot as plt
-    import seaborn as sns
     cm = np.asarray(cm)
     if cm.shape != (len(levels), len(levels)):
         raise ValueError(f"confusion matrix of shape {cm.shape} does not match {len(levels)} levels")
@@ -212,11 +217,6 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
     """(TF-IDF + random forest pipeline refitted on all of `texts`, search report) with hyperparameters chosen by
     `cv`-fold CV ($\\kappa_w$) on a stratified `search_frac` sub-partition of the training texts, or `fixed_params`
     (no search: a null emulator trained with the real model's hyperparameters)."""
-    from sklearn.ensemble import RandomForestClassifier
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.metrics import cohen_kappa_score, make_scorer
-    from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
-    from sklearn.pipeline import Pipeline
     texts = list(texts)
     y = _check_labels(labels, levels, "RF training labels")
     if len(texts) != len(y):
@@ -375,9 +375,6 @@ class SentenceEncoder:
 def fit_mlp(X: np.ndarray, labels: Sequence[int], levels: Sequence[int], hidden: int = 200, seed: int = 42,
             max_iter: int = 300, early_stopping: bool = True, validation_fraction: float = 0.1):
     "(scaler + MLP with one hidden layer of `hidden` units fitted on embeddings `X`, report)."
-    from sklearn.neural_network import MLPClassifier
-    from sklearn.pipeline import Pipeline
-    from sklearn.preprocessing import StandardScaler
     y = _check_labels(labels, levels, "MLP training labels")
     X = np.asarray(X, dtype=np.float32)
     if X.ndim != 2 or len(X) != len(y):
@@ -484,7 +481,6 @@ def pretrain_mlm(texts: Sequence[str], tokenizer, settings: Mapping | str | None
                  device: str | None = None, progress: bool = False):
     "(RobertaForMaskedLM trained from random initialisation by MLM on `texts`, per-epoch history)."
     import torch
-    from tqdm.auto import tqdm
     from transformers import DataCollatorForLanguageModeling, RobertaForMaskedLM
     s = fs_settings(settings)
     seed_everything(seed)
@@ -544,8 +540,6 @@ def finetune_fs(mlm_model, tokenizer, texts: Sequence[str], labels: Sequence[int
                 settings: Mapping | str | None = None, seed: int = 42, progress: bool = False):
     "(classifier from the MLM encoder fine-tuned on `labels`, report); best validation-loss epoch, early stopping."
     import torch
-    from sklearn.model_selection import train_test_split
-    from tqdm.auto import tqdm
     s = fs_settings(settings)
     levels = [int(l) for l in levels]
     y = _check_labels(labels, levels, "FS training labels")

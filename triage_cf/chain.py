@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import yaml
 from filelock import FileLock
 
 from .core import (CHAIN_ENV, RunPaths, atomic_write_text, load_params, read_yaml, repo_root, run_dir_for, seed_everything,
@@ -43,7 +44,7 @@ STAGES: list[str] = ["01_data", "02_cohort", "03_split", "03e_null_control", "04
                      "08_recovery", "10_vignettes", "11_margins", "12_word_association", "13_allocation", "09_report"]
 #: Stages that run only when the profile turns them on (parameter name -> truthy): the planted-bias recovery study
 #: trains several emulators and belongs to the `calibration` profile, not to `make reproduce`; the token-margin probes
-#: (seed 001) and the transgender-bias tasks (seed 003) are instruments of their own, run by their profiles; the null
+#: (YentlGuard) and the transgender-bias tasks (Hirsch et al.) are instruments of their own, run by their profiles; the null
 #: control (permuted-sex training records for null twins of the emulators) runs where the profile sets `null_control`.
 OPTIONAL_STAGES: dict[str, str] = {"03e_null_control": "null_control", "08_recovery": "recovery_study", "10_vignettes": "probe_margins",
                                    "11_margins": "probe_margins", "12_word_association": "transgender_bias",
@@ -107,7 +108,6 @@ def _notebook_parameters(path: Path) -> set[str]:
 def parse_overrides(items: list[str] | None) -> dict:
     """Parameters from the command line's `--set KEY=VALUE` (VALUE read as YAML 1.2, as params files: `--set ft_num_processes=2`,
     `--set ft_lr=1e-3`, `--set ft_eval_views=[full]`, `--set ft_train_n=null`); a malformed item raises ValueError naming it."""
-    import yaml
     out: dict = {}
     for item in items or []:
         key, sep, value = item.partition("=")

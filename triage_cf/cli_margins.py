@@ -1,4 +1,4 @@
-"""`triage-cf probe-margins`: the token-margin probes of seed 001 (stages 10_vignettes, 11_margins) as one command
+"""`triage-cf probe-margins`: the token-margin probes of YentlGuard (stages 10_vignettes, 11_margins) as one command
 (hand-written glue, not a stage).
 
 `triage-cf probe-margins --dataset NAME --out DIR` runs the chain stages of the profile (default `margins-cpu`: the
@@ -60,7 +60,7 @@ def _cmd_probe_margins(args) -> int:
 
 def register(subparsers) -> None:
     "Add the `probe-margins` subcommand to the `triage-cf` parser."
-    p = subparsers.add_parser("probe-margins", help="token-margin probes of an LLM's own triage (seed 001: ΔM, gate, CRR, "
+    p = subparsers.add_parser("probe-margins", help="token-margin probes of an LLM's own triage (YentlGuard: ΔM, gate, CRR, "
                               "sycophancy gap, TAR)", description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--dataset", required=True, help="dataset name (data_manifest/<name>.yaml)")
     p.add_argument("--backend", choices=["local", "vllm", "openai"], default=None,
@@ -125,7 +125,7 @@ def _cmd_margins(args) -> int:
 
 def register_margins(subparsers) -> None:
     "Add the `margins` subcommand (analyse an answers file) to the `triage-cf` parser."
-    p = subparsers.add_parser("margins", help="analyse margins computed elsewhere (seed 001): the stage's tables, figures and "
+    p = subparsers.add_parser("margins", help="analyse margins computed elsewhere (YentlGuard): the stage's tables, figures and "
                               "DuckDB rows from an answers file", description="Analyse an answers file (JSON lines, one per "
                               "vignette x variant x branch; format in nbs/03d_margins_probe.ipynb) as stage 11_margins does.")
     p.add_argument("--answers", required=True, help="answers file (JSON lines), e.g. a run's data/margins_answers.jsonl")

@@ -1,4 +1,4 @@
-"""`triage-cf allocation` and `triage-cf word-association`: analyse answers of the transgender-bias tasks (seed 003) that
+"""`triage-cf allocation` and `triage-cf word-association`: analyse answers of the transgender-bias tasks (Hirsch et al.) that
 were collected elsewhere, without calling a model (hand-written glue; the analysis is in triage_cf.tbias_allocation and
 triage_cf.tbias_words, whose notebooks document the CSV columns)."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _cmd_word_association(args) -> int:
 
 def register(subparsers) -> None:
     "Add the `allocation` and `word-association` subcommands to the `triage-cf` parser."
-    a = subparsers.add_parser("allocation", help="allocation-task statistics (seed 003 §3) from your own answers CSV")
+    a = subparsers.add_parser("allocation", help="allocation-task statistics (Hirsch et al. §3) from your own answers CSV")
     a.add_argument("--answers", required=True, help="CSV: model, language, service, condition, pair_id, candidate_1, "
                    "group_1, candidate_2, group_2, response (group: cis | trans; candidate_1 is listed first; each response is "
                    "read as tbias_allocation.parse_choice documents: the <person>/<persona> tag, else a unique name or a stated "
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     a.add_argument("--n-boot", type=int, default=2000, help="cluster-bootstrap resamples of pairs (default 2000)")
     a.add_argument("--seed", type=int, default=0)
     a.set_defaults(func=_cmd_allocation)
-    w = subparsers.add_parser("word-association", help="word-association bias scores (seed 003 §2) from your own answers CSV")
+    w = subparsers.add_parser("word-association", help="word-association bias scores (Hirsch et al. §2) from your own answers CSV")
     w.add_argument("--answers", required=True, help="CSV, one row per shown word: model, language, category, iteration, "
                    "word, sentiment (positive | negative), and label (cisgender | transgender) or response (the raw answer, "
                    "read as tbias_words.parse_word_labels documents: lines, lists, markdown tables, lists grouped by label, JSON)")

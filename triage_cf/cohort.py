@@ -10,6 +10,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -220,7 +221,6 @@ def _fmt_n(v) -> str:
 
 def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
     "A CONSORT-style diagram of `flow` (matplotlib figure); counts may be suppressed cells (aggregate-only runs)."
-    import matplotlib.pyplot as plt
     n = len(flow)
     fig, ax = plt.subplots(figsize=(10, 1.4 + 1.15 * (n + 1)))
     ax.set_xlim(0, 10); ax.set_ylim(-0.6, n + 0.6); ax.axis("off")

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import yaml
@@ -339,7 +340,6 @@ def read_table(tables_dir: str | Path, name: str) -> pd.DataFrame:
 
 def save_figure(fig, figures_dir: str | Path, name: str, dpi: int = 120) -> Path:
     "Save a matplotlib figure as `figures/<name>.png` (atomic, no timestamp metadata) and close it."
-    import matplotlib.pyplot as plt
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)

@@ -29,6 +29,10 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+import matplotlib
+from matplotlib import mathtext, rcParams
+from matplotlib.font_manager import FontProperties
+
 from .core import atomic_write_text, repo_root
 from .data import load_manifest
 
@@ -101,10 +105,7 @@ MATH_FAILURES: list[str] = []
 def math_img(tex: str, display: bool = False, size: float = 13.0) -> str | None:
     """An `<img>` holding the SVG of LaTeX `tex` typeset by matplotlib's mathtext (glyphs as paths: no font, no
     network), aligned on the text's baseline; None when mathtext cannot parse `tex`."""
-    import matplotlib
     matplotlib.use("Agg")
-    from matplotlib import mathtext, rcParams
-    from matplotlib.font_manager import FontProperties
     rcParams["svg.hashsalt"] = "triage_cf-docs"           # stable glyph ids: the same formula gives the same bytes
     buf = io.BytesIO()
     src = _SIZING.sub("", tex.strip())                    # \big( and friends: mathtext sizes delimiters itself

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from .core import (AGGREGATE_ONLY, COMPLEMENTARY, MIN_CELL, PRIMARY, TEXT_COLUMNS, AccessPolicy, RunPaths,
                             atomic_write_text, count_columns, policy_for_dataset, policy_for_run, read_manifest,
@@ -237,7 +238,6 @@ def index_for_run(paths: RunPaths, policy: AccessPolicy | None = None) -> ScanIn
     key = (str(rec.resolve()), st.st_mtime_ns, st.st_size, tuple(fields))
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
-        import pyarrow.parquet as pq
         present = set(pq.read_schema(rec).names)
         records = pd.read_parquet(rec, columns=[c for c in dict.fromkeys((*ID_COLUMNS, *fields)) if c in present])
         _INDEX_CACHE[key] = build_index(records, fields)

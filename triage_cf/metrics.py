@@ -10,11 +10,13 @@ import zlib
 from pathlib import Path
 from typing import Iterable, Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from scipy import stats
 from scipy.special import ndtr, ndtri
 from sklearn.metrics import cohen_kappa_score
+from statsmodels.stats.contingency_tables import Table2x2
 from statsmodels.stats.multitest import multipletests
 
 from .core import VIEWS, atomic_write_text
@@ -428,7 +430,6 @@ def odds_ratio_2x2(a: int, b: int, c: int, d: int, confidence: float = 0.95) -> 
     Here a, b = male originals with cf < orig, cf >= orig; c, d = the same for female originals."""
     if min(a, b, c, d) == 0:
         return {"OR": "-", "ci_low": "-", "ci_high": "-", "p_value": "-"}
-    from statsmodels.stats.contingency_tables import Table2x2
     t = Table2x2(np.array([[a, b], [c, d]], dtype=float))
     lo, hi = t.oddsratio_confint(alpha=1 - confidence, method="normal")
     return {"OR": float(t.oddsratio), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(t.oddsratio_pvalue())}
@@ -832,12 +833,10 @@ def _impact_reportable(r, lo: float, hi: float) -> tuple[bool, str]:
 _CONDITION_COLORS = {"full": "#1f77b4", "text_iso": "#ff7f0e", "tab_iso": "#2ca02c"}
 
 def _color(cond: str, i: int) -> str:
-    import matplotlib.pyplot as plt
     return _CONDITION_COLORS.get(cond, plt.rcParams["axes.prop_cycle"].by_key()["color"][(i + 3) % 10])
 
 def figure3_forest(t3: pd.DataFrame, title: str | None = None):
     "Forest plot of a `table3` (Figure 3): metrics × conditions with CIs, one column per model. Returns the figure."
-    import matplotlib.pyplot as plt
     models = _ordered(t3.model)
     conds = _ordered(t3.condition, VIEWS)
     props = [m for m in METRICS if m != "NMDF"]
@@ -880,7 +879,6 @@ def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: I
     """Figure 4: the headline metrics of every audited model in one `condition` (filled: the estimate with the test's
     training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range, or the
     single null twin; ★: a finding); models not fit for audit in grey, labelled so. Returns the figure."""
-    import matplotlib.pyplot as plt
     metrics = list(metrics)
     t = t3[(t3.condition == condition) & t3.metric.isin(metrics)]
     models = _ordered(t.model)

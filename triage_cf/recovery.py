@@ -14,10 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import numpy as np
 import pandas as pd
-
 from scipy.special import expit
+import seaborn as sns
+from sklearn.metrics import accuracy_score, cohen_kappa_score
+from sklearn.model_selection import train_test_split
 
 from .baselines import SentenceEncoder, fit_mlp, proba_by_level, record_texts
 from .cohort import apply_cohort
@@ -314,7 +318,6 @@ def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: flo
 def stratified_subsample(df: pd.DataFrame, n: int | None, seed: int, by: Sequence[str]) -> pd.DataFrame:
     """A seeded subsample of `n` rows stratified by the columns `by` (strata of one row pooled), sorted by record_id;
     a plain seeded sample when `n` (or what is left) is smaller than the number of strata."""
-    from sklearn.model_selection import train_test_split
     if n is not None and n < len(df):
         strata = df[list(by)].astype(str).agg("|".join, axis=1)
         strata = strata.where(strata.map(strata.value_counts()) >= 2, "rare")
@@ -443,7 +446,6 @@ def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path
                   progress: bool = False) -> dict:
     "Fit `emulator` (default: the first), pair, predict and store one grid row `cond` (see above); returns its summary."
     import torch
-    from sklearn.metrics import accuracy_score, cohen_kappa_score
     emulator = settings.emulators[0] if emulator is None else emulator
     out = result_path(out_dir, settings, cond, emulator)
     side = out.with_suffix(".json")
@@ -552,9 +554,6 @@ def condition_label(condition: str, seed: int, grid: pd.DataFrame) -> str:
 # %% ../nbs/08_recovery.ipynb #736e375f
 def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS, title: str | None = None):
     "Estimates with 95% CIs of the emulators and the oracle vs the planted truth, per condition (rows), metric and view (panels)."
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-    from matplotlib.ticker import MaxNLocator
     t = table[table["metric"].isin(metrics)].copy()
     if "emulator" in t.columns:   # the oracle once: on the first emulator's pairs
         t = t.drop_duplicates(["condition", "seed", "model", "view", "metric"])

@@ -1062,9 +1062,9 @@ def build_report(paths: RunPaths, title: str) -> str:
     fit = fitness_verdicts(rt)
     body = [summary_section(rt, fit), section_cohort(rt), section_performance(rt, fit), section_bias(rt, fit),
             section_levels(rt, fit), section_pretraining(rt, fit), section_impact(rt, fit),
-            section_instrument(rt, "margins", "Token-margin probes of an LLM's own triage (seed 001)", ("margins_", "pm_"),
+            section_instrument(rt, "margins", "Token-margin probes of an LLM's own triage (YentlGuard)", ("margins_", "pm_"),
                                MARGINS_LAYOUT),
-            section_instrument(rt, "tbias", "Implicit bias toward transgender patients (seed 003)", ("tbias_",), TBIAS_LAYOUT),
+            section_instrument(rt, "tbias", "Implicit bias toward transgender patients (Hirsch et al.)", ("tbias_",), TBIAS_LAYOUT),
             section_appendix(rt), section_parameters(rt)]
     missing = [f for f in [f"tables/{n}.csv" for n in rt.tables] + [f"figures/{n}.png" for n in rt.figures] if f not in rt.placed]
     if missing:

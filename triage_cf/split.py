@@ -5,8 +5,10 @@
 # %% ../nbs/03_split.ipynb #7e014074
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 from sklearn.model_selection import train_test_split
 
 from .core import suppress_small_cells
@@ -66,8 +68,6 @@ def figure5_distributions(records: pd.DataFrame, title: str | None = None, min_c
     """Paper Figure 5: triage level, age and sex distributions of the raw records (seaborn; missing shown as 'missing').
 
     `min_cell` (aggregate-only runs): bars and age bins of fewer records, and the complementary ones, are not drawn."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
     def bars(ax, labels, counts, color):
         hidden = _suppressed(counts, min_cell)
         heights = np.where(hidden == "", counts, 0)

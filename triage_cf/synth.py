@@ -12,6 +12,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+from scipy.special import expit
+from scipy.stats import beta
 
 from .core import VIEWS, read_yaml, resource_path
 
@@ -230,7 +232,6 @@ def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: 
 # %% ../nbs/01a_synth.ipynb #715c69b4
 def _cum_proba(mu: np.ndarray, sigma: float) -> np.ndarray:
     "P(Y <= k), k = 1..4, shape (n, 4)."
-    from scipy.special import expit
     return expit((CUTPOINTS[None, :] - mu[:, None]) / sigma)
 
 def oracle_proba(records, lang: str, bias_tab: float | None = None, bias_text: float | None = None,
@@ -325,7 +326,6 @@ _PROTECTED = ({w for pair in _FR_AGREE for w in pair} | _EN_F | _EN_M |
 
 def _adult_age(u: np.ndarray, mean: float, sd: float) -> np.ndarray:
     "18 + 87 B, B ~ Beta with the given mean and SD of the adult age (inverse CDF of a uniform: stream-stable)."
-    from scipy.stats import beta
     m, v = (mean - 18) / 87, (sd / 87) ** 2
     k = m * (1 - m) / v - 1 if 0 < m < 1 else -1
     if k <= 0:
