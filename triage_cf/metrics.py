@@ -867,6 +867,7 @@ def figure3_forest(t3: pd.DataFrame, title: str | None = None):
     fig.tight_layout()
     return fig
 
+# %% ../nbs/07_metrics.ipynb #9d4e2f61
 def _unfit(v) -> bool:
     "A fitness flag that says *not fit* (None / NA: no verdict, so not greyed)."
     return v is not None and not pd.isna(v) and not bool(v)
