@@ -10,7 +10,7 @@ export TRIAGE_CF_DATA ?= $(CURDIR)/data
 STAMP := $(VENV)/.installed-$(shell cat settings.ini setup.py Makefile | sha256sum | cut -c1-12)
 DATASETS ?= synth-en synth-fr
 
-.PHONY: install reproduce test test-fast lab docs clean-runs export clean-nbs check-clean bench
+.PHONY: install reproduce test test-fast lab docs readme clean-runs export clean-nbs check-clean bench
 
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,11 +42,15 @@ export: $(STAMP)
 
 clean-nbs: $(STAMP)
 	$(BIN)/nbdev_clean
-	$(BIN)/nbstripout --keep-id nbs/*.ipynb
+	$(BIN)/nbstripout --keep-id $$(find nbs -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*')
 
 # the tree must not change under nbdev_export / nbdev_clean, and no committed notebook carries outputs
 check-clean: $(STAMP)
 	bash .ci/check_clean.sh
+
+# README.md is generated from nbs/index.ipynb (nbdev_readme needs Quarto, which cannot be installed here)
+readme: $(STAMP)
+	$(BIN)/python -m triage_cf.docs --readme
 
 docs: $(STAMP)
 	$(BIN)/python -m triage_cf.docs $(foreach r,$(RUNS),--run $(r))

@@ -3,15 +3,15 @@ for the FLOP-based FS estimate of `triage-cf plan`. Writes benchmarks/results/fs
 
     .venv/bin/python benchmarks/fs_throughput.py [--threads 2] [--steps 3] [--n-records 20000]
 
-What it measures, with the package's own FS code (`triage_cf.baselines`: tokenizer, config, MLM collator, classifier):
-- FS text length: a synthetic cohort of each language (`--n-records` generated visits through stages 01-03 of the
+What it measures, with the package's own FS code (`triage_cf.audit.baselines`: tokenizer, config, MLM collator, classifier):
+- FS text length: a synthetic cohort of each language (`--n-records` generated visits through stages 01_data to 03_split of the
   default profile) gives the training texts; the paper-size byte-level BPE tokenizer (52,000 vocabulary, min frequency
   2) is trained on them, and the mean tokens per FS text is divided by the FT prompt's measured mean (full view,
-  `triage_cf.plan.PROMPT_TOKENS`): the plan's FS tokens per record for that language.
+  `triage_cf.audit.plan.PROMPT_TOKENS`): the plan's FS tokens per record for that language.
 - FLOP rates: with `FS_PAPER` sizes (12 layers, hidden 768) and the synth-en tokenizer, `--steps` timed steps (after
   one warm-up step) of MLM pre-training and of classifier fine-tuning on batches of 8 training texts of median
-  length, and scoring in batches of 32; achieved FLOP/s = real tokens x `triage_cf.plan.fs_flops_per_token` / seconds.
-  fp32 on CPU (as `04b_baselines` trains), CUDA when present.
+  length, and scoring in batches of 32; achieved FLOP/s = real tokens x `triage_cf.audit.plan.fs_flops_per_token` / seconds.
+  fp32 on CPU (as `06_baselines` trains), CUDA when present.
 The default-size FS of `make reproduce` is overhead-bound (the plan keeps its measured per-record time); these rates
 are for sizes where compute dominates. Speed is measured here, never asserted in tests.
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from triage_cf.baselines import (_encode, _pad, fs_classifier_from_mlm, fs_config, fs_settings, record_texts,
+from triage_cf.audit.baselines import (_encode, _pad, fs_classifier_from_mlm, fs_config, fs_settings, record_texts,
                                  train_bpe_tokenizer)
 from triage_cf.chain import reproduce
 from triage_cf.core import RunPaths, read_parquet, write_json
 from triage_cf.data import load_manifest
-from triage_cf.plan import PROMPT_TOKENS, fs_flops_per_token
+from triage_cf.audit.plan import PROMPT_TOKENS, fs_flops_per_token
 
 
 def training_texts(dataset: str, n_records: int, out: Path) -> list[str]:

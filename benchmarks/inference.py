@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import cohen_kappa_score
 
-from triage_cf import emulator as E
+from triage_cf.audit import emulator as E
 from triage_cf.core import repo_root, seed_everything, write_json
 from triage_cf.llm import LocalClient
 

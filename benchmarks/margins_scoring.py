@@ -26,8 +26,8 @@ from scipy import stats
 from triage_cf.core import repo_root, write_json
 from triage_cf.data import load_manifest, load_records
 from triage_cf.llm import make_client
-from triage_cf.margins import answer_prefix, delta_m, load_design, load_templates, make_vignettes, select_vignettes
-from triage_cf.margins_probe import ProbeSettings, read_topk
+from triage_cf.margins.measures import answer_prefix, delta_m, load_design, load_templates, make_vignettes, select_vignettes
+from triage_cf.margins.probe import ProbeSettings, read_topk
 
 
 def main(argv=None) -> dict:

@@ -1,5 +1,5 @@
 """Benchmark: every bias metric with 1,000-resample bootstrap CIs for 72,444 pairs (the paper's test size),
-triage_cf.metrics (category-count multinomial bootstrap) vs a straightforward per-resample pandas implementation
+triage_cf.audit.metrics (category-count multinomial bootstrap) vs a straightforward per-resample pandas implementation
 kept here for comparison, run side by side on the same pairs. Writes benchmarks/results/metrics.json.
 
     .venv/bin/python benchmarks/metrics_bench.py [--n-boot 1000] [--ref-resamples 1000] [--repeats 5]
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from triage_cf.core import write_json
-from triage_cf.metrics import METRICS, bootstrap_metrics, table3
+from triage_cf.audit.metrics import METRICS, bootstrap_metrics, table3
 
 N_MALE, N_FEMALE = 40_082, 32_362   # the paper's Bordeaux test partition (section 3.3)
 

@@ -1,13 +1,13 @@
 """Benchmark: the error rates of the audit's finding rule, measured on synthetic cohorts whose truth is known (issue 24).
 
 For each cohort language (synth-en, synth-fr), planted scale and seed, the default profile's chain is rebuilt through
-the package's own functions (stages 01-06 for the RF arm): the records (`data.load_records`), the cohort rules
+the package's own functions (stages 01_data to 08_predict for the RF arm): the records (`data.load_records`), the cohort rules
 (`cohort.apply_cohort`), the 50/50 split (`split.stratified_split`), the rule rewriter's counterfactual pairs of the
 test split (`counterfactuals.build_pairs`), the TF-IDF + random-forest baseline with its hyperparameter search
 (`baselines.fit_rf_tfidf`, seed = the run's seed), the Table 2 test records of the fitness verdict (the default
 profile's `ft_eval_n` stratified subsample) and the oracle's predictions of the same pairs. Beside the real RF,
 K null RFs are trained by the same procedure, each on its own within-strata sex permutation of the training split
-(`null_control.permute_sex`, seed [seed, k], as stage 03e's null seed k) and with its own training seed. All score
+(`null_control.permute_sex`, seed [seed, k], as stage 04_null_control's null seed k) and with its own training seed. All score
 the same pairs in the three views. Three rules are applied to the same runs:
 
   (a) `metrics.permutation_test` (the new `finding` flag: primary check female skew / full view at alpha, the other
@@ -15,10 +15,10 @@ the same pairs in the three views. Three rules are applied to the same runs:
   (b) today's "CI excludes 0" rule on the real RF's Table 3 row (bootstrap of pairs);
   (c) today's `exceeds_null` against the first null emulator (`metrics.null_comparison`, the chain's single twin).
 
-The MLP arm (`run_audit_mlp`) is the same audit for stage 04b's other cheap model: the MLP (one hidden layer of 200
+The MLP arm (`run_audit_mlp`) is the same audit for stage 06_baselines's other cheap model: the MLP (one hidden layer of 200
 units, `baselines.fit_mlp`) on frozen all-MiniLM-L6-v2 embeddings (`baselines.SentenceEncoder`, cached by text hash
 in the audit's folder: the real MLP's and the K null MLPs' training texts are the original notes or their other-sex
-rewrites, so each text is embedded once), scoring stage 05's MLP pair subsample (the default profile's
+rewrites, so each text is embedded once), scoring stage 07_counterfactuals's MLP pair subsample (the default profile's
 `mlp_max_pairs` pairs, holding its `ft_max_pairs` FT pairs, seed = the run's), null MLP k trained on permutation
 [seed, k] with `null_training_seed(seed, k)`; its fitness verdict is 07's against the prior and the same cohort's RF.
 
@@ -70,10 +70,10 @@ def chain_params(dataset: str, profile: str = PROFILE) -> dict:
 def build_cohort(dataset: str, seed: int, synth: dict, test_size: float, ft_eval_n) -> dict:
     "Stages 01, 02, 03, 04 (Table 2 test records) and 05 of the chain for one seed and generator knobs `synth`."
     from triage_cf.cohort import apply_cohort
-    from triage_cf.counterfactuals import build_pairs
+    from triage_cf.audit.counterfactuals import build_pairs
     from triage_cf.data import load_manifest, load_records
-    from triage_cf.emulator import stratified_subsample
-    from triage_cf.split import stratified_split
+    from triage_cf.audit.emulator import stratified_subsample
+    from triage_cf.audit.split import stratified_split
     manifest = load_manifest(dataset)
     lang, text_fields = manifest["language"], list(manifest.get("text_fields", []))
     records, _ = load_records(dataset, seed=seed, synth=synth)                       # 01_data
@@ -83,8 +83,8 @@ def build_cohort(dataset: str, seed: int, synth: dict, test_size: float, ft_eval
     train = cohort[cohort["record_id"].isin(ids["train"])].sort_values("record_id").reset_index(drop=True)  # 03e, 04b
     test = cohort[cohort["record_id"].isin(ids["test"])].sort_values("record_id").reset_index(drop=True)    # 04, 05
     levels = sorted(int(l) for l in cohort["triage_level"].unique())
-    table2_test, _ = stratified_subsample(test, ft_eval_n, seed=seed)                 # 04_emulator: fitness records
-    pairs = build_pairs(test, text_fields, lang)                                      # 05_counterfactuals (rules)
+    table2_test, _ = stratified_subsample(test, ft_eval_n, seed=seed)                 # 05_emulator: fitness records
+    pairs = build_pairs(test, text_fields, lang)                                      # 07_counterfactuals (rules)
     return dict(manifest=manifest, lang=lang, text_fields=text_fields, cohort=cohort, train=train, test=test,
                 table2_test=table2_test.reset_index(drop=True), levels=levels, pairs=pairs,
                 ok=pairs[pairs["in_pairs"]])
@@ -92,12 +92,12 @@ def build_cohort(dataset: str, seed: int, synth: dict, test_size: float, ft_eval
 
 def fit_and_score(texts_train, y_train, d: dict, seed: int, best_params: dict | None = None):
     """04b: fit the RF and score the Table 2 test records (full view); 06: the pairs. `best_params` None: the chain's
-    hyperparameter search (`fit_rf_tfidf` as stage 04b calls it); else these hyperparameters, no search (a one-point
+    hyperparameter search (`fit_rf_tfidf` as stage 06_baselines calls it); else these hyperparameters, no search (a one-point
     grid: the CV of the one candidate runs on a small share and is ignored; the model is refitted on all texts).
     Returns (test predictions, pair predictions, the hyperparameters used)."""
-    from triage_cf.baselines import fit_rf_tfidf, proba_by_level, record_texts
-    from triage_cf.emulator import proba_frame
-    from triage_cf.predict import text_model_pair_predictions
+    from triage_cf.audit.baselines import fit_rf_tfidf, proba_by_level, record_texts
+    from triage_cf.audit.emulator import proba_frame
+    from triage_cf.audit.predict import text_model_pair_predictions
     import warnings
     levels, lang, tf = d["levels"], d["lang"], d["text_fields"]
     if best_params is None:
@@ -155,7 +155,7 @@ def audit_conditions(dataset: str, scale: float, n_records: int | None) -> tuple
 def memoise_rewrites() -> float:
     """g(field; sex) of a record does not depend on the permutation: `permute_sex` rewrites each (text, sex) once per
     audit from here on. Returns the audit's start time (`time.perf_counter`)."""
-    import triage_cf.null_control as null_control
+    import triage_cf.audit.null_control as null_control
     from triage_cf.rewrite import counterfactual_text
     null_control.counterfactual_text = functools.lru_cache(maxsize=None)(counterfactual_text)
     return time.perf_counter()
@@ -165,10 +165,10 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
               search_nulls: bool = False) -> dict:
     "One model x cohort audit: real RF + K null RFs, the three rules; one JSON under `cache` (returned as is when present)."
     from threadpoolctl import threadpool_limits
-    import triage_cf.null_control as null_control
-    from triage_cf.metrics import fitness_table
-    from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics
-    from triage_cf.baselines import record_texts
+    import triage_cf.audit.null_control as null_control
+    from triage_cf.audit.metrics import fitness_table
+    from triage_cf.audit.predict import oracle_pair_predictions, pairs_for_metrics
+    from triage_cf.audit.baselines import record_texts
     prm, n_records, synth = audit_conditions(dataset, scale, n_records)
     key = audit_key(dataset, scale, seed, K, n_records, n_boot) + ("_search" if search_nulls else "")
     out = Path(cache) / f"{key}.json"
@@ -199,14 +199,14 @@ def run_audit(dataset: str, scale: float, seed: int, K: int, n_records: int | No
         from triage_cf.synth import oracle_proba
         t2 = d["table2_test"]
         full_p = oracle_proba(t2, lang, **knobs)[:, [l - 1 for l in d["levels"]]]
-        from triage_cf.emulator import proba_frame
+        from triage_cf.audit.emulator import proba_frame
         orc_test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int).to_numpy()),
                               proba_frame(full_p / full_p.sum(1, keepdims=True), d["levels"])], axis=1)
     real = pairs_for_metrics(pair_pred, d["ok"], "RF")
     oracle = pairs_for_metrics(orc, d["ok"], "oracle")
     nulls = pd.concat(null_long, ignore_index=True)
     fitness = fitness_table({"RF": test_pred, "oracle": orc_test}, d["levels"], n_boot=n_boot, seed=seed,
-                            kappa_floor=0.20, baseline_margin=0.10)     # 07_metrics' defaults
+                            kappa_floor=0.20, baseline_margin=0.10)     # 09_metrics' defaults
     checks = three_rules("RF", real, nulls, oracle, fitness, n_boot, seed)
     f = fitness.set_index("model").loc["RF"]
     res = dict(version=VERSION, key=key, dataset=dataset, scale=float(scale), seed=int(seed), K=int(K),
@@ -228,7 +228,7 @@ def three_rules(model: str, real: pd.DataFrame, nulls: pd.DataFrame, oracle: pd.
     """The 15 checks of one audit under the three rules: (a) `permutation_test` against the K null emulators of
     `nulls` (`null_id`), (b) the real model's Table 3 CI excludes 0, (c) `exceeds_null` against the first null emulator
     (`<model>_null0`); the oracle's Table 3 row on the same pairs beside each."""
-    from triage_cf.metrics import TESTED_METRICS, VIEWS, null_comparison, permutation_test, table3
+    from triage_cf.audit.metrics import TESTED_METRICS, VIEWS, null_comparison, permutation_test, table3
     pt = permutation_test(real, nulls, fitness, n_boot=n_boot, seed=seed)
     t3 = table3(pd.concat([real, oracle], ignore_index=True), n_boot=n_boot, seed=seed)
     twin = pd.concat([real, nulls[nulls.null_id == f"{model}_null0"].drop(columns="null_id").assign(model=f"{model}_null")],
@@ -259,19 +259,19 @@ def mlp_audit_key(dataset: str, scale: float, seed: int, K: int, n_records: int,
 
 
 def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int | None, n_boot: int, cache: str) -> dict:
-    """One MLP x cohort audit, the chain's way: stage 05's MLP pair subsample (the FT pairs of `ft_max_pairs` plus a
-    stratified draw up to `mlp_max_pairs`, seed = the run's), stage 04b's `fit_mlp` on frozen MiniLM embeddings
+    """One MLP x cohort audit, the chain's way: stage 07_counterfactuals's MLP pair subsample (the FT pairs of `ft_max_pairs` plus a
+    stratified draw up to `mlp_max_pairs`, seed = the run's), stage 06_baselines's `fit_mlp` on frozen MiniLM embeddings
     (`SentenceEncoder`, cached by text hash under the audit's folder, so every text is embedded once for the real MLP
     and its K null MLPs), null MLP k on `permute_sex` seed [seed, k] with training seed `null_training_seed(seed, k)`
     (as 03e and 04b), and the fitness verdict of 07 against the prior and the RF baseline of the same cohort (the RF
     arm's, computed here when that arm has not run; no FS). One JSON under `cache` (returned as is when present)."""
     from threadpoolctl import threadpool_limits
-    import triage_cf.null_control as null_control
-    from triage_cf.baselines import SentenceEncoder, fit_mlp, proba_by_level, record_texts, torch_threads
-    from triage_cf.counterfactuals import pair_subsample
-    from triage_cf.emulator import proba_frame
-    from triage_cf.metrics import fitness_table
-    from triage_cf.predict import oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
+    import triage_cf.audit.null_control as null_control
+    from triage_cf.audit.baselines import SentenceEncoder, fit_mlp, proba_by_level, record_texts, torch_threads
+    from triage_cf.audit.counterfactuals import pair_subsample
+    from triage_cf.audit.emulator import proba_frame
+    from triage_cf.audit.metrics import fitness_table
+    from triage_cf.audit.predict import oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
     from triage_cf.synth import oracle_proba
     prm, n_records, synth = audit_conditions(dataset, scale, n_records)
     key = mlp_audit_key(dataset, scale, seed, K, n_records, n_boot)
@@ -290,7 +290,7 @@ def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int 
         n_ok = int(pairs["in_pairs"].sum())
         ft, mlp_mask = pairs["in_pairs"], pairs["in_pairs"]
         ft_max, mlp_max = prm.get("ft_max_pairs"), prm.get("mlp_max_pairs")
-        if ft_max is not None and ft_max < n_ok:                                         # 05_counterfactuals
+        if ft_max is not None and ft_max < n_ok:                                         # 07_counterfactuals
             ft, _ = pair_subsample(pairs, int(ft_max), seed=seed)
         if mlp_max is not None and mlp_max < n_ok:
             mlp_mask, _ = pair_subsample(pairs, int(mlp_max), seed=seed, holding=ft)
@@ -303,7 +303,7 @@ def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int 
                                                         "triage_level": t2["triage_level"].astype(int).to_numpy()}),
                                           proba_frame(P, levels)], axis=1)
         mlp, rep = fit_mlp(embed(record_texts(train, "full", lang, text_fields=tf)), y_train, levels, seed=seed)
-        got = []   # 06_predict's rendering of the scored pairs, kept to score the null MLPs on the same embeddings
+        got = []   # 08_predict's rendering of the scored pairs, kept to score the null MLPs on the same embeddings
         pair_pred = text_model_pair_predictions(lambda t: (got.append(list(t)), proba_by_level(mlp, embed(t), levels))[1],
                                                 scored, tf, levels, lang)
         test_pred = test_frame(proba_by_level(mlp, E_t2, levels))
@@ -329,7 +329,7 @@ def run_audit_mlp(dataset: str, scale: float, seed: int, K: int, n_records: int 
     real = pairs_for_metrics(pair_pred, d["ok"], "MLP")
     oracle = pairs_for_metrics(orc, d["ok"], "oracle")
     fitness = fitness_table({"MLP": test_pred, "RF": rf_test, "oracle": orc_test}, levels, n_boot=n_boot, seed=seed,
-                            kappa_floor=0.20, baseline_margin=0.10)     # 07_metrics' defaults
+                            kappa_floor=0.20, baseline_margin=0.10)     # 09_metrics' defaults
     checks = three_rules("MLP", real, pd.concat(null_long, ignore_index=True), oracle, fitness, n_boot, seed)
     f = fitness.set_index("model")
     res = dict(version=VERSION, key=key, model="MLP", dataset=dataset, scale=float(scale), seed=int(seed), K=int(K),
@@ -514,7 +514,7 @@ def leave_one_null_out(results: list[dict], cache: Path) -> dict:
     above it is what the real-vs-null asymmetry adds (its own hyperparameter search, its records' original notes)."""
     from statsmodels.stats.multitest import multipletests
     from triage_cf.data import load_records
-    from triage_cf.metrics import PRIMARY_CHECK, TESTED_METRICS, VIEWS, _alternative, null_test, point_metrics
+    from triage_cf.audit.metrics import PRIMARY_CHECK, TESTED_METRICS, VIEWS, _alternative, null_test, point_metrics
     fit = [r for r in results if r["scale"] == 0 and r["fit_for_audit"]]
     prim = sec = fam = n_sets = n_sec = 0
     for r in fit:
@@ -591,9 +591,9 @@ def cmd_summarise(a) -> None:
     res = dict(benchmark="null_calibration", issue=24, complete=all(t in done for t in planned),
                n_audits_planned=len(planned), n_audits_done=len(results),
                note=("partial: only the finished audits are counted (n_audits per arm)" if not all(t in done for t in planned) else "complete"),
-               models={"RF": "TF-IDF + random forest; the real RF is stage 04b's, hyperparameter search included",
-                       "MLP": "stage 04b's MLP (one hidden layer of 200 units) on frozen all-MiniLM-L6-v2 embeddings, scored "
-                              "on stage 05's MLP pair subsample (mlp_max_pairs, holding the ft_max_pairs FT pairs); fit for "
+               models={"RF": "TF-IDF + random forest; the real RF is stage 06_baselines's, hyperparameter search included",
+                       "MLP": "stage 06_baselines's MLP (one hidden layer of 200 units) on frozen all-MiniLM-L6-v2 embeddings, scored "
+                              "on stage 07_counterfactuals's MLP pair subsample (mlp_max_pairs, holding the ft_max_pairs FT pairs); fit for "
                               "audit against the prior and the same cohort's RF (no FS in this benchmark)"},
                models_run=models,
                null_hyperparameters=("each null RF runs the search" if a.search_nulls else
@@ -632,9 +632,9 @@ def cmd_summarise(a) -> None:
 
 def cmd_check_chain(a) -> None:
     "The RF and first null twin predictions of a chain run's pairs equal this script's (same seed, knobs, sizes)."
-    import triage_cf.null_control as null_control
-    from triage_cf.baselines import fit_rf_tfidf, proba_by_level, record_texts
-    from triage_cf.predict import text_model_pair_predictions
+    import triage_cf.audit.null_control as null_control
+    from triage_cf.audit.baselines import fit_rf_tfidf, proba_by_level, record_texts
+    from triage_cf.audit.predict import text_model_pair_predictions
     run = Path(a.run_dir)
     prov = json.loads((run / "data" / "provenance.json").read_text())
     ds, seed, synth = prov["dataset"], int(prov["generator"]["seed"]), dict(prov["generator"]["knobs"])

@@ -31,8 +31,8 @@ spec.loader.exec_module(nc)
 
 
 def audit_tests(r: dict, Ks) -> list[dict]:
-    from triage_cf.metrics import permutation_test
-    from triage_cf.predict import pairs_for_metrics
+    from triage_cf.audit.metrics import permutation_test
+    from triage_cf.audit.predict import pairs_for_metrics
     prm = nc.chain_params(r["dataset"])
     synth = {**dict(prm["synth"]), "n_records": r["n_records"], "bias_tab": r["bias_tab"], "bias_text": r["bias_text"]}
     d = nc.build_cohort(r["dataset"], r["seed"], synth, float(prm.get("test_size", 0.5)), prm.get("ft_eval_n"))

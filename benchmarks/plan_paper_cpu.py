@@ -23,7 +23,7 @@ import platform
 from pathlib import Path
 
 from triage_cf.core import load_params, write_json
-from triage_cf.plan import plan
+from triage_cf.audit.plan import plan
 
 
 def main(argv=None) -> dict:

@@ -1,4 +1,4 @@
-"""Benchmark: the few-shot LLM rewriting function g (triage_cf.rewrite_llm, paper section 5.3 / Appendix B.2)
+"""Benchmark: the few-shot LLM rewriting function g (triage_cf.audit.rewrite_llm, paper section 5.3 / Appendix B.2)
 end to end with a real model on a handful of synthetic records per language. Writes benchmarks/results/rewrite_llm.json.
 
     nice -n 10 .venv/bin/python benchmarks/rewrite_llm.py [--n 8] [--model smollm2] [--backend local] [--batch-size 4]
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from triage_cf.core import write_json
 from triage_cf.rewrite import counterfactual_text, is_sex_specific
-from triage_cf.rewrite_llm import LLMRewriter, make_rewriter
+from triage_cf.audit.rewrite_llm import LLMRewriter, make_rewriter
 from triage_cf.synth import generate_raw
 
 FIELDS = {"fr": {"hpi": ("histoire_maladie", "histoire_maladie_autre_sexe"), "pmh": ("antecedents", "antecedents_autre_sexe")},

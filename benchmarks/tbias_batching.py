@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from triage_cf.tbias_allocation import allocation_requests, make_pairs, make_patients
-from triage_cf.tbias_words import association_requests, load_words, make_tb_client
+from triage_cf.tbias.allocation import allocation_requests, make_pairs, make_patients
+from triage_cf.tbias.words import association_requests, load_words, make_tb_client
 
 
 def prompts(n: int) -> tuple[list, list]:

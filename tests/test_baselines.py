@@ -1,4 +1,4 @@
-"""Tests of triage_cf.baselines (paper sections 2.5, 3.2, 5.2): Table 2 metrics against hand-computed values,
+"""Tests of triage_cf.audit.baselines (paper sections 2.5, 3.2, 5.2): Table 2 metrics against hand-computed values,
 RF on TF-IDF, the MLP on frozen MiniLM embeddings and its embedding cache, a local encoder folder, and the FS model
 (from-scratch RoBERTa): learning, level order, determinism, reload. Tiny data and models, one torch thread (seconds);
 speed is measured outside the tests."""
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from triage_cf import baselines as B  # noqa: E402
+from triage_cf.audit import baselines as B  # noqa: E402
 
 from _toy import toy_records  # noqa: E402
 
@@ -45,7 +45,7 @@ def kappa(y, proba, levels=LEVELS):
 # ---------------------------------------------------------------- evaluation
 
 def test_evaluation_equals_hand_computed_values():
-    # truth [1,1,2,3], prediction [1,2,2,2] on levels 1-3 (worked out in nbs/04b_baselines.ipynb):
+    # truth [1,1,2,3], prediction [1,2,2,2] on levels 1-3 (worked out in nbs/1_audit/03_baselines.ipynb):
     # observed quadratic disagreement 0.125, expected 0.21875 -> kappa_w = 3/7; weighted P = 7/12, R = 1/2, F1 = 11/24
     m = B.evaluate_predictions([1, 1, 2, 3], [1, 2, 2, 2], [1, 2, 3])
     assert m["kappa_w"] == pytest.approx(3 / 7, abs=1e-12)

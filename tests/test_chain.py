@@ -31,7 +31,7 @@ PARAMS = 'dataset = "toy"\nprofile = "smoke"\nrun_dir = None\nseed = 42\n'
 @pytest.fixture()
 def toy(tmp_path, monkeypatch):
     root = tmp_path / "repo"
-    (root / "nbs").mkdir(parents=True)
+    (root / "nbs" / "9_toy" / "stages").mkdir(parents=True)
     (root / "params").mkdir()
     shutil.copy(REPO / "settings.ini", root / "settings.ini")
     (root / "params" / "profiles.yaml").write_text("smoke: {seed: 42}\n")
@@ -48,7 +48,7 @@ def toy(tmp_path, monkeypatch):
                     ("code", "if fail_at == 'c_third':\n    raise ValueError('planted failure in c')\n(paths.figures / 'c.txt').write_text((paths.tables / 'b.csv').read_text())")],
     }
     for name, cells in stages.items():
-        nbformat.write(_nb(cells), root / "nbs" / f"{name}.ipynb")
+        nbformat.write(_nb(cells), root / "nbs" / "9_toy" / "stages" / f"{name}.ipynb")
     monkeypatch.setenv("TRIAGE_CF_ROOT", str(root))
     return root, list(stages)
 
@@ -144,7 +144,7 @@ def test_durable_chunks_interrupted_and_corrupted(toy, monkeypatch):
     chunk of a finished stage is moved to data/_quarantine/ before the stage re-runs, so the stage recomputes it."""
     from triage_cf.chain import StageFailed, reproduce
     root, _ = toy
-    nbformat.write(_nb(CHUNKED), root / "nbs" / "d_chunked.ipynb")
+    nbformat.write(_nb(CHUNKED), root / "nbs" / "9_toy" / "stages" / "d_chunked.ipynb")
     out = root / "runs" / "toy" / "smoke"
     chunk, rel = out / "data" / "chunks" / "part-0.json", "data/chunks/part-0.json"
     monkeypatch.setenv("TOY_CRASH", "1")
@@ -188,3 +188,43 @@ def test_stage_kernels_side_by_side_get_their_own_ipc_sockets(tmp_path):
     assert len(set(ips)) == 3 and all(Path(ip).parent == Path(jupyter_runtime_dir()) for ip in ips), ips
     assert not [f for ip in ips for f in Path(ip).parent.glob(Path(ip).name + "-*")]   # sockets cleaned up
     assert not list(tmp_path.glob("kernel-ipc*"))   # nothing in the kernels' working folder
+
+
+def test_a_run_folder_of_layout_1_is_migrated_to_the_new_stage_names(tmp_path):
+    """A run folder written before nbs/ moved into part folders keeps its records under the stages' new names (run.json,
+    executed notebooks, pages, recorded outputs); one that holds both names of a stage is refused; old stage names in a
+    profile or `until` fail with the new name."""
+    from triage_cf.chain import RENAMED_STAGES, RUN_LAYOUT, migrate_run_folder, stages_for
+    from triage_cf.core import RunPaths
+    paths = RunPaths(tmp_path / "run").make()
+    for stage in ("02_cohort", "04_emulator", "09_report"):
+        (paths.notebooks / f"{stage}.ipynb").write_text("{}")
+        (paths.html / f"{stage}.html").write_text("<html>")
+    run = {"stages": {"02_cohort": {"status": "ok", "outputs": {"data/cohort.parquet": "a"}},
+                      "04_emulator": {"status": "ok", "outputs": {"data/models/ft/emulator.json": "b", "notebooks/04_emulator.ipynb": "c"}},
+                      "09_report": {"status": "failed", "outputs": {"html/09_report.html": "d"}}}}
+    assert migrate_run_folder(paths, run) == ["04_emulator", "09_report"]
+    assert list(run["stages"]) == ["02_cohort", "05_emulator", "15_report"] and run["layout"] == RUN_LAYOUT
+    assert run["stages"]["05_emulator"]["outputs"] == {"data/models/ft/emulator.json": "b", "notebooks/05_emulator.ipynb": "c"}
+    assert run["stages"]["15_report"]["outputs"] == {"html/15_report.html": "d"}
+    assert run["migrated"] == {"from_layout": 1, "renamed": {"04_emulator": "05_emulator", "09_report": "15_report"}}
+    assert sorted(p.name for p in paths.notebooks.iterdir()) == ["02_cohort.ipynb", "05_emulator.ipynb", "15_report.ipynb"]
+    assert sorted(p.name for p in paths.html.iterdir()) == ["02_cohort.html", "05_emulator.html", "15_report.html"]
+    assert migrate_run_folder(paths, run) == []                     # layout 2: nothing to do
+    assert migrate_run_folder(paths, {"layout": 1, "stages": {}}) == []
+    with pytest.raises(RuntimeError, match="holds stage '04_emulator' and its new name '05_emulator'"):
+        migrate_run_folder(paths, {"stages": {"04_emulator": {}, "05_emulator": {}}})
+    assert set(RENAMED_STAGES.values()).isdisjoint(RENAMED_STAGES)
+    with pytest.raises(ValueError, match=r"'04_emulator' is now '05_emulator'"):
+        stages_for({"profile": "mine", "stages": ["01_data", "04_emulator"]})
+
+
+def test_reproduce_migrates_an_old_run_folder(toy):
+    "The chain migrates a layout-1 run.json before it runs (the toy's stages keep their names: nothing renamed, layout set)."
+    from triage_cf.chain import RUN_LAYOUT, reproduce
+    root, stages = toy
+    out = root / "runs" / "toy" / "smoke"
+    out.mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps({"stages": {}}))
+    reproduce("toy", "smoke", quiet=True, stages=stages)
+    assert json.loads((out / "run.json").read_text())["layout"] == RUN_LAYOUT

@@ -1,5 +1,5 @@
 """Runs survive crashes: `triage-cf reproduce` on synth-en (smoke profile) is SIGKILLed during fine-tuning
-(stage 04_emulator, after its first epoch checkpoint) and, on the re-run, during prediction (stage 06_predict, after
+(stage 05_emulator, after its first epoch checkpoint) and, on the re-run, during prediction (stage 08_predict, after
 its first durable chunk); a third run finishes. Only unfinished work is redone (earlier stages skipped, fine-tuning
 resumed from the checkpoint, prediction chunks reused) and the tables and prediction files are byte-identical to an
 uninterrupted run in another folder (tests/_smoke_runs.py)."""
@@ -14,7 +14,7 @@ from triage_cf.core import load_params
 from triage_cf.core import VIEWS
 
 STAGES = stages_for(load_params(sr.DATASET, sr.PROFILE))
-FT, PRED = "04_emulator", "06_predict"
+FT, PRED = "05_emulator", "08_predict"
 
 
 def _stat(paths) -> dict:
@@ -58,7 +58,7 @@ def crash(tmp_path_factory, request):
     # (b) the re-run, killed during prediction: one durable chunk is written, the stage is not finished
     p = sr.start_chain(out, "b")
     chunk = sr.kill_when(p, lambda: next(iter(sorted(pred_root.rglob("chunk-*.parquet"))), None),
-                         "a durable prediction chunk of stage 06_predict")
+                         "a durable prediction chunk of stage 08_predict")
     info["b"] = dict(run=_run_json(out), statuses=sr.stage_statuses(sr.log_text(p)), first_chunk=chunk,
                      chunks=_stat(pred_root.rglob("chunk-*.parquet")),
                      ft_written=(out / "data" / "predictions" / "FT.parquet").exists())
@@ -109,7 +109,7 @@ def test_fine_tuning_resumed_from_its_checkpoint(crash, tmp_path_factory):
     assert json.loads((a["ck_dir"] / "LATEST.json").read_text()) == {"checkpoint": "epoch-002"}
     # the resumed stage trained epoch 2 only; the uninterrupted run trained epochs 1 and 2 (the FT model's cell: the
     # null twin of the null control trains after it, from scratch in both runs)
-    ft_cell = 'fine_tune(train, "ft")'
+    ft_cell = 'fine_tune(train, "ft", '
     resumed = _stage_stream(out / "notebooks" / f"{FT}.ipynb", ft_cell)
     full = _stage_stream(sr.uninterrupted("first", tmp_path_factory) / "notebooks" / f"{FT}.ipynb", ft_cell)
     assert full and resumed

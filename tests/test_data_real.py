@@ -6,7 +6,7 @@ import pytest
 from triage_cf.cohort import apply_cohort
 from triage_cf.core import data_root
 from triage_cf.data import dataset_status, file_checksum_status, list_manifests, load_manifest, load_records
-from triage_cf.split import check_split, split_balance, stratified_split
+from triage_cf.audit.split import check_split, split_balance, stratified_split
 
 
 def _need(name):

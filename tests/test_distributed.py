@@ -15,8 +15,8 @@ pytest.importorskip("accelerate")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from triage_cf.emulator import train_emulator  # noqa: E402
-from triage_cf.ft_launch import launch, launch_command  # noqa: E402
+from triage_cf.audit.emulator import train_emulator  # noqa: E402
+from triage_cf.audit.ft_launch import launch, launch_command  # noqa: E402
 from triage_cf.llm import load_causal_lm, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
 LEVELS = [1, 2, 3]

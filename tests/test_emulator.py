@@ -1,4 +1,4 @@
-"""Tests of triage_cf.emulator: prompts, label tokens, answer-only loss, training, resume, fast inference
+"""Tests of triage_cf.audit.emulator: prompts, label tokens, answer-only loss, training, resume, fast inference
 against the paper's reference pipeline, every tiny model family, label distributions through an OpenAI-compatible
 server (the suite's one fake server, tests/fake_openai.py), and the SmolLM2 conversion. Tiny models only (seconds on a CPU); speed is measured in benchmarks/, not here."""
 import importlib.util
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from triage_cf import emulator as E  # noqa: E402
+from triage_cf.audit import emulator as E  # noqa: E402
 from triage_cf.llm import SMOLLM2_GGUF_SHA256, LocalClient, make_client  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

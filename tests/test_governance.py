@@ -18,7 +18,7 @@ import yaml
 from triage_cf.core import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
-from triage_cf.chain import stages_for
+from triage_cf.chain import stage_notebook, stages_for
 from triage_cf.core import load_params
 STAGES = stages_for(load_params("chu-bordeaux", "smoke"))  # the whole chain of the profile the tests run
 CANARY = "KANARI"          # every free-text canary holds it; ids are BDX + 7 digits
@@ -103,7 +103,9 @@ def _repo_copy(root: Path, data: Path) -> None:
     shutil.copytree(REPO / "params", root / "params")
     shutil.copytree(REPO / "data_manifest", root / "data_manifest")
     for s in STAGES:
-        shutil.copy(REPO / "nbs" / f"{s}.ipynb", root / "nbs" / f"{s}.ipynb")
+        nb = next((REPO / "nbs").glob(f"*/stages/{s}.ipynb"))
+        (root / nb.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(nb, root / nb.relative_to(REPO))
     m = yaml.safe_load((REPO / "data_manifest" / "chu-bordeaux.yaml").read_text(encoding="utf-8"))
     f = data / m["files"][0]["path"]
     f.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +241,7 @@ def test_stage_printing_a_canary_fails_the_render(restricted_run, tmp_path):
         if tags:
             c.metadata["tags"] = tags[0]
         nb.cells.append(c)
-    nbformat.write(nb, restricted_run["root"] / "nbs" / "zz_leak.ipynb")
+    nbformat.write(nb, restricted_run["root"] / "nbs" / "1_audit" / "stages" / "zz_leak.ipynb")
     with pytest.raises(StageFailed) as ei:
         reproduce("chu-bordeaux", "smoke", out=out, quiet=True, stages=STAGES + ["zz_leak"])
     msg = str(ei.value)
@@ -251,7 +253,7 @@ def test_stage_printing_a_canary_fails_the_render(restricted_run, tmp_path):
     assert "cell 3" not in msg                                                # the displayed frame was withheld
     assert CANARY not in msg and ID_PREFIX not in msg                         # the error names places, never values
     run = json.loads((out / "run.json").read_text())
-    assert run["stages"]["zz_leak"]["status"] == "failed" and run["stages"]["09_report"]["status"] == "ok"
+    assert run["stages"]["zz_leak"]["status"] == "failed" and run["stages"]["15_report"]["status"] == "ok"
     assert CANARY not in json.dumps(run) and ID_PREFIX not in json.dumps(run)
     # nothing of the stage is rendered; the unscanned execution and the leaking table stay under data/
     assert not (out / "notebooks" / "zz_leak.ipynb").exists() and not (out / "html" / "zz_leak.html").exists()
@@ -303,7 +305,7 @@ def test_docs_refuse_notebooks_defaulting_to_protected_data(tmp_path):
     with pytest.raises(PermissionError, match=r"default dataset 'chu-bordeaux' has access level 'restricted'"):
         docs.check_notebook_is_public(tmp_path / "x.ipynb")
     for stage in STAGES:                                    # the shipped stage notebooks default to synthetic data
-        assert docs.check_notebook_is_public(REPO / "nbs" / f"{stage}.ipynb") is not None
+        assert docs.check_notebook_is_public(stage_notebook(stage)) is not None
 
 
 # ---------------------------------------------------------------- CI: .ci/check_clean.sh

@@ -4,9 +4,12 @@ inside a function (an import inside a function hides a dependency, and a hidden 
 Each name is defined in one module (one definition per concept: a shared one is imported, two concepts get two names), and
 no module imports another's private (`_`-prefixed) name: what crosses a module boundary is public.
 
-The modules fall into the compendium's parts (`PARTS`): the shared library at the bottom, then three instruments that
-never import one another: the human-triage audit, the margin probes and the transgender-bias probes. The command line
-is one module per part (`cli` for the shared commands, `cli_audit`, `cli_margins`, `cli_tbias`).
+The package is the compendium's parts: the shared library at its top level (the bottom layer), and one subpackage per
+instrument (`audit`: the human-triage audit; `margins`: the margin probes; `tbias`: the transgender-bias probes) that
+never imports another. The command line is one module per part (`cli` for the shared commands, `audit.cli`,
+`margins.cli`, `tbias.cli`). The notebooks mirror it: `nbs/<k>_<part>/` holds a part's library chapters (numbered in
+reading order, each exporting into its part) and `nbs/<k>_<part>/stages/` its thin stage notebooks (named and numbered
+in the chain's run order); no library chapter holds a stage tail.
 
 The core requirements (settings.ini `requirements`) are imported at the top of a module, where a reader sees what it
 needs; only the optional heavy packages (the `llm`, `gpu` and `llamacpp` extras, vLLM, the model packages) and the few
@@ -29,45 +32,68 @@ NAME = PKG.name
 ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {
     # the spawned workers of the recovery grid must run the installed module's function: in the notebook, run_grid's
     # own module is __main__, which a spawned process cannot import
-    ("recovery", "recovery"): "recovery.run_grid: the installed module, for spawned workers",
+    ("audit.recovery", "audit.recovery"): "audit.recovery.run_grid: the installed module, for spawned workers",
 }
 
 #: names defined at the top level of more than one module, with the reason; each entry that is not an interface is a debt.
 ALLOWED_TWICE: dict[str, str] = {
     "main": "the entry point of each command-line module (cli, docs), called by console_scripts / python -m",
-    "register": "the hook each part's CLI module (cli_audit, cli_margins, cli_tbias) gives cli.py to add its subcommands",
+    "register": "the hook each part's CLI module (audit.cli, margins.cli, tbias.cli) gives cli.py to add its subcommands",
     # debt: two samplers of one idea. The emulator's keeps a one-record stratum whole and says how it drew; the recovery
     # study's pools one-record strata of several columns. One implementation changes the recovery study's draws.
     "stratified_subsample": "emulator (training subsample, one column) and recovery (several columns); to be merged",
 }
 
 
+#: The subpackages of the instruments; every other module is the shared library (the package's top level).
+INSTRUMENTS = ("audit", "margins", "tbias")
+
+
+def module_name(path: Path) -> str:
+    "A source file's module name without the package prefix: `core`, `audit.emulator`; a subpackage's `__init__` is `audit`."
+    parts = list(path.relative_to(PKG).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
 def modules() -> dict[str, ast.Module]:
-    "The package's modules (name without the package prefix -> parsed source), `_modidx` excluded."
-    return {p.stem: ast.parse(p.read_text(encoding="utf-8"), str(p))
-            for p in sorted(PKG.glob("*.py")) if p.stem not in ("_modidx",)}
+    "The package's modules (dotted name without the package prefix -> parsed source), `_modidx` excluded."
+    return {module_name(p): ast.parse(p.read_text(encoding="utf-8"), str(p))
+            for p in sorted(PKG.rglob("*.py")) if p.stem != "_modidx" and "__pycache__" not in p.parts
+            and "resources" not in p.relative_to(PKG).parts}
 
 
-def _targets(node: ast.Import | ast.ImportFrom, module: str, known: set[str]) -> set[str]:
-    "The package modules an import statement of `module` imports (relative and absolute forms)."
+def _package_of(module: str, is_package: bool) -> list[str]:
+    "The package a module's relative imports start from, as a list of components ([] = the top of triage_cf)."
+    parts = module.split(".") if module != "__init__" else []
+    return parts if is_package else parts[:-1]
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, known: set[str], is_package: bool = False) -> set[str]:
+    "The package modules an import statement of `module` imports (relative and absolute forms, any depth)."
     out: set[str] = set()
     if isinstance(node, ast.Import):
         for a in node.names:
             parts = a.name.split(".")
             if parts[0] == NAME and len(parts) > 1:
-                out.add(parts[1])
-        return out
-    if node.level:                                  # from .x import y / from . import x
-        base = node.module.split(".")[0] if node.module else None
+                out.add(".".join(parts[1:]))
+        return {t for t in out if t in known} | {t.rsplit(".", 1)[0] for t in out if t not in known and "." in t}
+    if node.level:                                  # from .x import y / from ..x import y / from . import x
+        base = _package_of(module, is_package)
+        base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+        prefix = base + (node.module.split(".") if node.module else [])
     elif node.module and node.module.split(".")[0] == NAME:
-        parts = node.module.split(".")
-        base = parts[1] if len(parts) > 1 else None
+        prefix = node.module.split(".")[1:]
     else:
         return out
-    if base:
-        out.add(base)
-    else:                                           # from triage_cf import synth
-        out |= {a.name for a in node.names if a.name in known}
+    name = ".".join(prefix)
+    for a in node.names:                            # from triage_cf.audit import emulator: a module, not a name
+        sub = f"{name}.{a.name}" if name else a.name
+        if sub in known:
+            out.add(sub)
+        elif name in known:
+            out.add(name)
     return out
 
 
@@ -76,6 +102,7 @@ def import_edges() -> tuple[dict[str, set[str]], list[tuple[str, str, int, str]]
     package import inside a function or method])."""
     mods = modules()
     known = set(mods)
+    packages = {module_name(p) for p in PKG.rglob("__init__.py")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     inner: list[tuple[str, str, int, str]] = []
 
@@ -85,7 +112,7 @@ def import_edges() -> tuple[dict[str, set[str]], list[tuple[str, str, int, str]]
                 visit(child, module, getattr(child, "name", "<lambda>") if func is None else func)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                for t in _targets(child, module, known) - {module}:   # a module importing itself adds no layer
+                for t in _targets(child, module, known, module in packages) - {module}:   # a module importing itself adds no layer
                     if func is None:
                         graph[module].add(t)
                     else:
@@ -131,6 +158,13 @@ def test_targets_read_every_import_form():
            "import numpy\nfrom . import synth as s\n")
     got = [_targets(n, "m", known) for n in ast.parse(src).body]
     assert got == [{"core"}, {"synth"}, {"data"}, {"core"}, set(), {"synth"}]
+    # inside a part's subpackage: two-dot imports reach the shared library, one-dot ones the part
+    known = {"core", "audit", "audit.metrics", "audit.report"}
+    src = ("from ..core import x\nfrom .metrics import y\nfrom triage_cf.audit import metrics\nimport triage_cf.audit.metrics\n"
+           "from triage_cf.audit.metrics import z\n")
+    got = [_targets(n, "audit.report", known) for n in ast.parse(src).body]
+    assert got == [{"core"}, {"audit.metrics"}, {"audit.metrics"}, {"audit.metrics"}, {"audit.metrics"}]
+    assert [_targets(n, "audit", known, is_package=True) for n in ast.parse("from .metrics import y\n").body] == [{"audit.metrics"}]
 
 
 def test_core_is_the_bottom_layer():
@@ -152,7 +186,7 @@ def test_import_graph_has_no_cycle():
 
 def test_no_package_import_inside_a_function():
     _, inner = import_edges()
-    bad = [f"triage_cf/{m}.py:{line} ({func}) imports triage_cf.{t}" for m, t, line, func in inner
+    bad = [f"triage_cf/{m.replace('.', '/')}.py:{line} ({func}) imports triage_cf.{t}" for m, t, line, func in inner
            if (m, t) not in ALLOWED_IN_FUNCTION]
     assert not bad, ("package imports inside functions (move them to the module's top; only heavy optional third-party "
                      "dependencies may be imported inside a function):\n" + "\n".join(bad))
@@ -210,56 +244,177 @@ def test_no_private_name_crosses_a_module():
     for m, tree in mods.items():
         for n in ast.walk(tree):
             if isinstance(n, ast.ImportFrom) and _targets(n, m, set(mods)) - {m}:
-                bad += [f"triage_cf/{m}.py:{n.lineno} imports {a.name} from {n.module or '.'}" for a in n.names
+                bad += [f"triage_cf/{m.replace('.', '/')}.py:{n.lineno} imports {a.name} from {n.module or '.'}" for a in n.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad, "private names imported from another module (make them public, or move them):\n" + "\n".join(bad)
 
 
-#: The part of every module: the shared library (the bottom layer: data, the cohort design and g's sex-specific terms
-#: that every instrument's cohort uses, the LLM layer, the chain runner, the docs), the human-triage audit (Ferré et al.,
-#: the emulator and its counterfactual metrics), the margin probes (YentlGuard) and the transgender-bias probes (word
-#: association and appointment allocation). A new module must be placed here.
-PARTS: dict[str, str] = {
-    **dict.fromkeys(["core", "governance", "llm", "data", "synth", "fetch", "rewrite", "cohort", "chain", "docs", "cli"],
-                    "shared"),
-    **dict.fromkeys(["split", "null_control", "emulator", "ft_launch", "baselines", "rewrite_llm", "review",
-                     "counterfactuals", "predict", "metrics", "reconcile", "recovery", "plan", "report", "cli_audit"],
-                    "audit"),
-    **dict.fromkeys(["margins", "margins_probe", "cli_margins"], "margins"),
-    **dict.fromkeys(["tbias_words", "tbias_allocation", "cli_tbias"], "tbias"),
-}
+def part_of(module: str) -> str:
+    """The compendium's part of a module: the subpackage of an instrument (`audit`: the human-triage audit of the paper,
+    the emulator and its counterfactual metrics; `margins`: the margin probes of YentlGuard; `tbias`: the
+    transgender-bias probes of Hirsch et al.), else `shared`: the shared library at the package's top level (data, the
+    cohort design and g's sex-specific terms that every instrument's cohort uses, the LLM layer, the chain runner, the
+    docs, the shared commands)."""
+    head = module.split(".")[0]
+    return head if head in INSTRUMENTS else "shared"
 
 
-def part_violations(graph: dict[str, set[str]], parts: dict[str, str]) -> list[str]:
+def part_violations(graph: dict[str, set[str]]) -> list[str]:
     "Imports that cross parts the wrong way: the shared library imports only itself, an instrument only itself and shared."
     bad = []
     for m, targets in sorted(graph.items()):
         for t in sorted(targets):
-            pm, pt = parts[m], parts[t]
+            pm, pt = part_of(m), part_of(t)
             if pt != pm and pt != "shared":
                 bad.append(f"triage_cf.{m} ({pm}) imports triage_cf.{t} ({pt})")
     return bad
 
 
 def test_part_rule_on_a_hand_built_graph():
-    parts = {"core": "shared", "metrics": "audit", "margins": "margins", "report": "audit"}
-    assert part_violations({"core": set(), "metrics": {"core"}, "report": {"metrics", "core"}, "margins": {"core"}}, parts) == []
-    assert part_violations({"core": {"metrics"}, "metrics": set(), "report": set(), "margins": {"report"}}, parts) == [
-        "triage_cf.core (shared) imports triage_cf.metrics (audit)",
-        "triage_cf.margins (margins) imports triage_cf.report (audit)"]
+    ok = {"core": set(), "audit.metrics": {"core"}, "audit.report": {"audit.metrics", "core"}, "margins.probe": {"core"}}
+    assert part_violations(ok) == []
+    assert part_violations({"core": {"audit.metrics"}, "audit.metrics": set(), "audit.report": set(),
+                            "margins.probe": {"audit.report"}}) == [
+        "triage_cf.core (shared) imports triage_cf.audit.metrics (audit)",
+        "triage_cf.margins.probe (margins) imports triage_cf.audit.report (audit)"]
 
 
-def test_every_module_has_a_part_and_parts_do_not_import_each_other():
+def test_the_package_is_the_parts_and_parts_do_not_import_each_other():
     graph, inner = import_edges()
-    unplaced = sorted(set(graph) - set(PARTS) - {"__init__"})
-    assert not unplaced, f"modules without a part (add them to PARTS in tests/test_layers.py): {unplaced}"
-    stale = sorted(set(PARTS) - set(graph))
-    assert not stale, f"PARTS names modules that do not exist: {stale}"
-    full = {m: set(t) for m, t in graph.items() if m != "__init__"}
+    assert {m for m in graph if "." not in m and m in INSTRUMENTS} == set(INSTRUMENTS), \
+        f"one subpackage per instrument expected: {INSTRUMENTS}"
+    deep = sorted(m for m in graph if m.count(".") > 1)
+    assert not deep, f"modules nested below a part's subpackage: {deep}"
+    full = {m: set(t) for m, t in graph.items()}
     for m, t, _, _ in inner:
         full[m].add(t)
-    bad = part_violations(full, PARTS)
+    bad = part_violations(full)
     assert not bad, "imports across the compendium's parts (move the shared concept to the shared library):\n" + "\n".join(bad)
+    # the shared library is the bottom layer: no shared module imports an instrument (checked above), and the CLI's
+    # one module per part is found by cli.py
+    for part in INSTRUMENTS:
+        assert f"{part}.cli" in graph, f"the {part} part has no command-line module triage_cf/{part}/cli.py"
+
+
+#: Where the notebooks live: `nbs/<k>_<part>/` (k orders the parts for a reader: the shared library first), the library
+#: chapters at the top of a part's folder, its stage notebooks in `nbs/<k>_<part>/stages/`.
+NBS = PKG.parent / "nbs"
+PART_FOLDERS = {"shared": "0_shared", "audit": "1_audit", "margins": "2_margins", "tbias": "3_tbias"}
+#: The line budget of a stage notebook: code lines (blank and comment-only lines not counted) in all its code cells, and
+#: in any one of them. A stage notebook holds its parameters, calls into the library and the stage's outputs; the
+#: method (functions, classes, their tests) is in the part's library chapters.
+STAGE_CODE_LINES = 150
+STAGE_CELL_LINES = 60
+#: Functions still defined in a stage notebook, with the reason; each is a debt (move it into the part's library).
+STAGE_DEFINITIONS: dict[tuple[str, str], str] = {}
+
+
+def _cells(path: Path) -> list[dict]:
+    import json
+    return [{**c, "source": "".join(c["source"]) if isinstance(c["source"], list) else c["source"]}
+            for c in json.loads(path.read_text(encoding="utf-8"))["cells"]]
+
+
+def chapters() -> list[Path]:
+    return sorted(p for p in NBS.glob("*/*.ipynb"))
+
+
+def stage_notebooks() -> list[Path]:
+    return sorted(NBS.glob("*/stages/*.ipynb"))
+
+
+def _code_lines(src: str) -> int:
+    return sum(1 for line in src.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
+def test_notebooks_are_in_part_folders_that_mirror_the_package():
+    stray = sorted(str(p.relative_to(NBS)) for p in NBS.rglob("*.ipynb") if p.name != "index.ipynb"
+                   and p.parent.name != ".ipynb_checkpoints"
+                   and not (p.parent.name in PART_FOLDERS.values() or (p.parent.name == "stages"
+                                                                      and p.parent.parent.name in PART_FOLDERS.values())))
+    assert not stray, f"notebooks outside nbs/<part>/ and nbs/<part>/stages/: {stray}"
+    for path in chapters():
+        part = {v: k for k, v in PART_FOLDERS.items()}[path.parent.name]
+        exp = [re.match(r"#\| default_exp (\S+)", c["source"]) for c in _cells(path) if c["cell_type"] == "code"]
+        exp = [m.group(1) for m in exp if m]
+        assert len(exp) == 1, f"{path.relative_to(NBS)}: a library chapter has one default_exp, found {exp}"
+        assert part_of(exp[0]) == part and exp[0].count(".") == (part != "shared"), \
+            f"{path.relative_to(NBS)} exports triage_cf.{exp[0]}: a chapter of {path.parent.name}/ exports into its part's " \
+            f"{'top level' if part == 'shared' else 'subpackage triage_cf.' + part}"
+    names = [p.stem for p in stage_notebooks()]
+    assert len(names) == len(set(names)), f"stage names must be unique across the parts: {sorted(names)}"
+    for folder in PART_FOLDERS.values():
+        stems = [p.stem for p in sorted((NBS / folder).glob("*.ipynb"))]
+        nums = [int(s.split("_", 1)[0]) for s in stems]
+        assert nums == list(range(len(stems))), f"nbs/{folder}/: chapters numbered 00, 01, ... in reading order, got {stems}"
+
+
+def test_a_chapter_uses_only_the_chapters_before_it():
+    "Reading order is dependency order: a chapter's module imports only earlier chapters of its part, and the shared library."
+    graph, inner = import_edges()
+    full = {m: set(t) for m, t in graph.items()}
+    for m, t, _, _ in inner:
+        full[m].add(t)
+    bad, modules_of_chapters = [], _chapter_modules()
+    for folder in PART_FOLDERS.values():
+        seen: set[str] = set()
+        for path in sorted((NBS / folder).glob("*.ipynb")):
+            mod = next(m.group(1) for c in _cells(path) if (m := re.match(r"#\| default_exp (\S+)", c["source"])))
+            later = sorted(t for t in full.get(mod, ()) if t in modules_of_chapters and part_of(t) == part_of(mod)
+                           and t not in seen)
+            bad += [f"{path.relative_to(NBS)} (triage_cf.{mod}) imports triage_cf.{t}, a later chapter" for t in later]
+            seen.add(mod)
+    assert not bad, "chapters out of dependency order (renumber them):\n" + "\n".join(bad)
+
+
+def _chapter_modules() -> set[str]:
+    "The modules exported by library chapters (the hand-written glue modules are not chapters)."
+    out = set()
+    for path in chapters():
+        out |= {m.group(1) for c in _cells(path) if (m := re.match(r"#\| default_exp (\S+)", c["source"]))}
+    return out
+
+
+def test_no_library_chapter_holds_a_stage_tail():
+    bad = []
+    for path in chapters():
+        for c in _cells(path):
+            if "parameters" in c.get("metadata", {}).get("tags", []) or "stage_setup(" in c["source"]:
+                bad.append(f"{path.relative_to(NBS)} cell {c.get('id')}")
+    assert not bad, "library chapters with a stage tail (a parameters cell or stage_setup): move it to the part's stages/:\n" \
+        + "\n".join(bad)
+
+
+def test_stage_notebooks_are_thin():
+    from triage_cf.chain import STAGES
+    assert sorted(p.stem for p in stage_notebooks()) == sorted(STAGES), "one notebook per stage of chain.STAGES"
+    assert STAGES == sorted(STAGES), "stages are numbered in run order"
+    bad, defs = [], set()
+    for path in stage_notebooks():
+        code = [c for c in _cells(path) if c["cell_type"] == "code"]
+        where = path.relative_to(NBS)
+        if sum(1 for c in code if "parameters" in c.get("metadata", {}).get("tags", [])) != 1:
+            bad.append(f"{where}: one parameters cell expected")
+        if any(c["source"].lstrip().startswith(("#| export", "#| exports", "#| default_exp")) for c in code):
+            bad.append(f"{where}: export cells belong to a library chapter")
+        total = sum(_code_lines(c["source"]) for c in code)
+        if total > STAGE_CODE_LINES:
+            bad.append(f"{where}: {total} code lines > {STAGE_CODE_LINES}")
+        for c in code:
+            if _code_lines(c["source"]) > STAGE_CELL_LINES:
+                bad.append(f"{where} cell {c.get('id')}: {_code_lines(c['source'])} code lines > {STAGE_CELL_LINES}")
+            src = "\n".join(line for line in c["source"].splitlines() if not line.lstrip().startswith(("%", "!")))
+            for n in ast.walk(ast.parse(src)):
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    defs.add((path.stem, n.name))
+                    if (path.stem, n.name) not in STAGE_DEFINITIONS:
+                        bad.append(f"{where}: defines {n.name} (the method belongs in the part's library chapter)")
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(NAME):
+                    bad += [f"{where}: imports the private {a.name} from {n.module}" for a in n.names
+                            if a.name.startswith("_")]
+    assert not bad, "stage notebooks that are not thin:\n" + "\n".join(bad)
+    stale = sorted(set(STAGE_DEFINITIONS) - defs)
+    assert not stale, f"STAGE_DEFINITIONS lists definitions that are gone: {stale}"
 
 
 #: Import names of distributions whose module name differs from the distribution's.
@@ -307,7 +462,7 @@ def third_party_imports_in_functions() -> list[tuple[str, str, int]]:
 def test_core_requirements_are_imported_at_module_level():
     core = core_requirements()
     assert {"sklearn", "yaml", "scipy", "matplotlib", "statsmodels", "tqdm", "papermill"} <= core
-    bad = [f"triage_cf/{m}.py:{ln} imports {t} inside a function" for m, t, ln in third_party_imports_in_functions()
+    bad = [f"triage_cf/{m.replace('.', '/')}.py:{ln} imports {t} inside a function" for m, t, ln in third_party_imports_in_functions()
            if t in core and t not in LAZY_REQUIREMENTS]
     assert not bad, ("core requirements imported inside functions (import them at the top of the module; only optional "
                      "heavy packages stay lazy):\n" + "\n".join(bad))

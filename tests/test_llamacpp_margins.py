@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from triage_cf.llm import make_client, smollm2_gguf_path
-from triage_cf.margins import decision_position, load_templates, make_vignettes
-from triage_cf.margins_probe import (MarginStore, ProbeSettings, analyse_answers, export_answers, make_tracer, measure,
+from triage_cf.margins.measures import decision_position, load_templates, make_vignettes
+from triage_cf.margins.probe import (MarginStore, ProbeSettings, analyse_answers, export_answers, make_tracer, measure,
                                      run_probes, table_outcomes)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -194,7 +194,7 @@ def test_render_chat_without_system_role():
 
 def test_margin_probe_generation_path_against_the_real_server(served):
     "YentlGuard's probe through a real server: the answers are the local model's; without logprobs, named outcomes or a clear error."
-    from triage_cf.margins_probe import ProbeSettings, measure
+    from triage_cf.margins.probe import ProbeSettings, measure
     url, model = served
     remote = make_client("openai", model=model, base_url=url)
     local = make_client("local", model=model, load_dtype="float32")

@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from triage_cf.margins import (BRANCHES, VARIANTS, check_variants, crr, delta_m, gate, level_logprobs_from_top, load_design,
+from triage_cf.margins.measures import (BRANCHES, VARIANTS, check_variants, crr, delta_m, gate, level_logprobs_from_top, load_design,
                                load_templates, make_vignettes, crr_class, select_vignettes, sycophancy_gap, tar, sycophancy_verdict)
-from triage_cf.margins_probe import (MarginStore, ProbeSettings, make_tracer, read_spans, run_probes, table_gate,
+from triage_cf.margins.probe import (MarginStore, ProbeSettings, make_tracer, read_spans, run_probes, table_gate,
                                      table_outcomes)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +38,7 @@ def test_k1_k2_delta_m_and_gate():
 
 
 def test_k3_position_and_censored_bound():
-    from triage_cf.margins import decision_position
+    from triage_cf.margins.measures import decision_position
     toks = ['{"', 'rationale', '":', ' "', 'ESI', ' ', '3', ' likely', '",', ' "', 'esi', '":', ' ', '2', '}']
     assert toks[decision_position(toks, "esi")] == "2"
     lp, c = level_logprobs_from_top({"2": -0.05, "{": -3.0}, ESI["levels"])   # only one digit in the top-k
@@ -193,7 +193,7 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_chain(smoke_run):
     out, params, res = smoke_run
-    assert params["stages"] == ["01_data", "02_cohort", "10_vignettes", "11_margins", "09_report"]
+    assert params["stages"] == ["01_data", "02_cohort", "11_margins_vignettes", "12_margins_probe", "15_report"]
     assert [r.status for r in res] == ["ran"] * 5
     vig = pd.read_csv(out / "data" / "vignettes.csv")
     assert list(vig.columns) == ["vignette_id", "subject_id", "variant", "true_level", "chief_complaint", "hr", "rr", "spo2",
@@ -224,14 +224,14 @@ def test_smoke_chain(smoke_run):
     shown = [f"data-source='tables/{t}.csv'" for t in EXPECTED_TABLES] + [f"data-source='figures/{f}.png'" for f in EXPECTED_FIGURES]
     assert all(html.count(s) == 1 for s in shown), [s for s in shown if html.count(s) != 1]   # each placed once
     run = json.loads((out / "run.json").read_text())
-    assert run["stages"]["11_margins"]["status"] == "ok"
-    for stage in ("10_vignettes", "11_margins", "09_report"):   # nothing record-level rendered
+    assert run["stages"]["12_margins_probe"]["status"] == "ok"
+    for stage in ("11_margins_vignettes", "12_margins_probe", "15_report"):   # nothing record-level rendered
         assert run["stages"][stage]["scan"]["n_findings"] == 0, run["stages"][stage]["scan"]
 
 
 def test_cli_probe_margins_parser():
     from triage_cf.cli import build_parser
-    from triage_cf.cli_margins import overrides_from
+    from triage_cf.margins.cli import overrides_from
     args = build_parser().parse_args(["probe-margins", "--dataset", "mimic-iv-ed-demo", "--out", "x"])
     assert args.profile == "margins-cpu" and overrides_from(args) == {}
     args = build_parser().parse_args(["probe-margins", "--dataset", "d", "--out", "x", "--backend", "openai", "--model", "m",
@@ -332,7 +332,7 @@ def test_answers_gate_fired_needs_its_branches(tmp_path, capsys):
 def test_tar_reasoning_answer_through_the_server():
     "1200 hidden reasoning tokens and 40 answer tokens: completion_tokens 1240, TAR 30.0 (K6); reasoning_effort reaches the server."
     from triage_cf.llm import make_client
-    from triage_cf.margins_probe import measure
+    from triage_cf.margins.probe import measure
     seen = []
     def responder(body):
         seen.append(body.get("reasoning_effort"))
@@ -351,7 +351,7 @@ def test_tar_reasoning_answer_through_the_server():
 def test_tar_reasoning_answer_local_backend():
     "The local backend counts a `<think>` answer: output tokens include the reasoning, TAR = r / (o - r) by hand count."
     from triage_cf.llm import LocalClient, tiny_causal_lm, tiny_tokenizer
-    from triage_cf.margins import answer_tokens
+    from triage_cf.margins.measures import answer_tokens
     think, answer = " pulse fast pressure low oxygen low", '{"esi": 2}'
     tok = tiny_tokenizer([f"<think>{think}</think>{answer}"] * 20, vocab_size=300)
     client = LocalClient((tiny_causal_lm("llama", tok, seed=0), tok))
@@ -387,7 +387,7 @@ def _censoring_responder(baseline_confident: bool):
 
 def test_censored_branch_gives_a_counted_lower_bound(tmp_path):
     from triage_cf.llm import make_client
-    from triage_cf.margins_probe import table_crr, table_sycophancy
+    from triage_cf.margins.probe import table_crr, table_sycophancy
     with FakeOpenAI(responder=_censoring_responder(True)) as srv:
         client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=4, timeout=10, max_retries=0)
         run, vm, bm, calls = _probe(client, tmp_path)
@@ -408,7 +408,7 @@ def test_censored_branch_gives_a_counted_lower_bound(tmp_path):
 
 def test_gap_undefined_because_nothing_degraded_is_named_so(tmp_path):
     from triage_cf.llm import make_client
-    from triage_cf.margins_probe import table_sycophancy
+    from triage_cf.margins.probe import table_sycophancy
     with FakeOpenAI(responder=_censoring_responder(False)) as srv:      # the baseline is as unsure as the labelled variants
         client = make_client("openai", model="fake-model", base_url=srv.url, concurrency=4, timeout=10, max_retries=0)
         run, vm, bm, calls = _probe(client, tmp_path)
@@ -423,7 +423,7 @@ def test_gap_undefined_because_nothing_degraded_is_named_so(tmp_path):
 def test_reason_mode_local_backend_scores_after_the_models_own_text():
     "Generate-then-score on the local backend: each answer's own prefix is scored; with no reasoning written it is the answer prefix."
     from triage_cf.llm import LocalClient, tiny_causal_lm, tiny_tokenizer
-    from triage_cf.margins_probe import measure, reasoned_prefix
+    from triage_cf.margins.probe import measure, reasoned_prefix
     prompts = ["Chest pain, HR 120.", "Headache, HR 80.", "Fall, HR 95."]
     tok = tiny_tokenizer(prompts * 10 + ['<think> x </think> {"esi": 1 2 3 4 5}'] * 10, vocab_size=300)
     client = LocalClient((tiny_causal_lm("llama", tok, seed=1), tok))

@@ -5,12 +5,12 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from triage_cf import metrics as M
+from triage_cf.audit import metrics as M
 
 
 # ---------------------------------------------------------------- an independent, straightforward implementation
 def reference_metrics(orig_sex, pred_orig, pred_cf):
-    """The definitions of notebook 07_metrics written out with plain Python loops over pairs (no shared code with triage_cf)."""
+    """The definitions of notebook 09_metrics written out with plain Python loops over pairs (no shared code with triage_cf)."""
     n = {"M": 0, "F": 0}
     up = {"M": 0, "F": 0}
     down = {"M": 0, "F": 0}

@@ -1,6 +1,6 @@
 """nbdev_test inside pytest, one test per notebook, so the runner's summary counts them.
 
-Each stage notebook runs with its default parameters (the smoke profile on a synthetic dataset); its `stage_setup`
+Every notebook of `nbs/` and its part folders runs (library chapters and stage notebooks). Each stage notebook runs with its default parameters (the smoke profile on a synthetic dataset); its `stage_setup`
 brings the earlier stages up to date through the chain first. Run folders go to a temporary runs root."""
 import os
 import subprocess
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p.name for p in (REPO / "nbs").glob("*.ipynb") if not p.name.startswith(("_", ".")))
+NOTEBOOKS = sorted(p.relative_to(REPO / "nbs").as_posix() for p in (REPO / "nbs").rglob("*.ipynb")
+                   if not any(x.startswith(("_", ".")) for x in p.relative_to(REPO / "nbs").parts))
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from triage_cf.baselines import fit_rf_tfidf, proba_by_level, record_texts
+from triage_cf.audit.baselines import fit_rf_tfidf, proba_by_level, record_texts
 from triage_cf.cohort import apply_cohort
-from triage_cf.counterfactuals import build_pairs
+from triage_cf.audit.counterfactuals import build_pairs
 from triage_cf.data import load_manifest, load_records
-from triage_cf.emulator import proba_frame, stratified_subsample
-from triage_cf.metrics import TESTED_METRICS, fitness_table, permutation_test
-from triage_cf.null_control import null_training_seed, permute_sex, sex_level_association
-from triage_cf.predict import pairs_for_metrics, text_model_pair_predictions
-from triage_cf.split import stratified_split
+from triage_cf.audit.emulator import proba_frame, stratified_subsample
+from triage_cf.audit.metrics import TESTED_METRICS, fitness_table, permutation_test
+from triage_cf.audit.null_control import null_training_seed, permute_sex, sex_level_association
+from triage_cf.audit.predict import pairs_for_metrics, text_model_pair_predictions
+from triage_cf.audit.split import stratified_split
 
 GRID = {"tfidf__ngram_range": [(1, 1)], "rf__n_estimators": [100], "rf__min_samples_leaf": [1, 2]}
 K = 5
@@ -48,7 +48,7 @@ def _audit(bias_tab: float, n_records: int = 1400, seed: int = 7) -> tuple[pd.Da
     scored = lambda m: pairs_for_metrics(text_model_pair_predictions(lambda t: proba_by_level(m, t, levels), pairs, tf,
                                                                      levels, lang), ok, "RF")
     null_pairs = pd.concat([scored(m).assign(null_id=f"RF_null{k}") for k, m in enumerate(nulls)], ignore_index=True)
-    t2, _ = stratified_subsample(test, 200, seed=seed)          # 04_emulator's Table 2 test records (fitness)
+    t2, _ = stratified_subsample(test, 200, seed=seed)          # 05_emulator's Table 2 test records (fitness)
     t2 = t2.reset_index(drop=True)
     test_pred = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2.triage_level.astype(int).to_numpy()),
                            proba_frame(proba_by_level(rf, record_texts(t2, "full", lang, text_fields=tf), levels), levels)],

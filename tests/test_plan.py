@@ -11,7 +11,7 @@ from triage_cf.chain import reproduce, stages_for
 from triage_cf.cli import main
 from triage_cf.core import load_params, repo_root
 from triage_cf.data import list_manifests
-from triage_cf.plan import CPU_MEASURED, N_REF, PlanRefused, format_plan, plan
+from triage_cf.audit.plan import CPU_MEASURED, N_REF, PlanRefused, format_plan, plan
 
 
 def _profiles(dataset):
@@ -36,7 +36,7 @@ def test_every_dataset_and_profile_has_a_plan(dataset, profile, tmp_path):
         assert all(r["seconds"] is None or r["seconds"] > 0 for r in p["stages"])
         assert p["parameters"]["n"] == (N_REF if p["model"] == "smollm2" else 2 * 1024 * 64 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 128) + 64)
         assert 0 < p["memory_gb"]["inference"] and 0 < p["memory_gb"]["train"]
-        if "04_emulator" in stages_for(params):
+        if "05_emulator" in stages_for(params):
             assert wl["train_tokens"] > 0 and 0 < wl["ft_eval"] <= sz["test"] and 0 < wl["pairs"] <= sz["test"]
         assert p["refused"] == [] or gpus is None  # 4 A100s fit every profile's default model
         assert "estimated time" in format_plan(p)
@@ -49,11 +49,11 @@ def test_paper_profile_numbers():
     assert (p["sizes"]["cohort"], p["sizes"]["train"], p["sizes"]["test"]) == (144888, 72444, 72444)  # the paper, section 5.1.1
     assert (wl["ft_train"], wl["ft_val"], wl["epochs"], wl["pairs"]) == (72444 - 7245, 7245, 5, 72444)
     assert wl["train_tokens"] == pytest.approx((72444 - 7245) * 5 * 447.4)
-    t = next(r for r in p["stages"] if r["stage"] == "04_emulator")["seconds"]
+    t = next(r for r in p["stages"] if r["stage"] == "05_emulator")["seconds"]
     flops = 6 * N_REF * wl["train_tokens"] / (4 * 312e12 * 0.30) + 2 * N_REF * (wl["val_tokens"] + wl["eval_tokens"]) / (4 * 312e12 * 0.40)
     assert t == pytest.approx(CPU_MEASURED["light_stage_s"] + flops)
     cpu = plan("synth-fr", "paper", run_dir="/nonexistent", strict=False)
-    assert next(r for r in cpu["stages"] if r["stage"] == "04_emulator")["seconds"] > 100 * t  # CPU vs 4 GPUs
+    assert next(r for r in cpu["stages"] if r["stage"] == "05_emulator")["seconds"] > 100 * t  # CPU vs 4 GPUs
 
 
 def test_too_small_gpu_refused_with_reason(capsys):
@@ -108,16 +108,16 @@ def test_cached_stages_of_a_real_run_folder(tmp_path, capsys):
     from triage_cf.chain import _code_fingerprint
     run = tmp_path / "run"
     code = _code_fingerprint()
-    reproduce("synth-en", "smoke", out=run, until="04_emulator", quiet=True)  # 01_data, 02_cohort, 03_split, 03e_null_control
+    reproduce("synth-en", "smoke", out=run, until="05_emulator", quiet=True)  # 01_data, 02_cohort, 03_split, 04_null_control
     p = plan("synth-en", "smoke", run_dir=run)
     if _code_fingerprint() != code:  # the chain keys stages on the package code (shared development trees)
         pytest.skip("a file of triage_cf/ changed while this test ran, which un-caches every stage by the chain's rule")
     status = {r["stage"]: r["status"] for r in p["stages"]}
-    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "03e_null_control"], p["stages"]
+    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "04_null_control"], p["stages"]
     assert p["sizes"]["basis"].startswith("exact") and p["sizes"]["records"] == 400
     assert p["sizes"]["train"] + p["sizes"]["test"] == p["sizes"]["cohort"] == 355
     why = {r["stage"]: r["why"] for r in p["stages"]}
-    assert why["04_emulator"] == "last status: never run" and why["06_predict"] == "an earlier stage runs"
+    assert why["05_emulator"] == "last status: never run" and why["08_predict"] == "an earlier stage runs"
     assert sum(r["seconds"] for r in p["stages"] if r["status"] == "cached") == 0
     (run / "data" / "split.parquet").write_bytes(b"corrupted")  # 03_split's artifact changed: it re-runs
     p2 = plan("synth-en", "smoke", run_dir=run)
@@ -133,17 +133,17 @@ def test_overrides_are_the_chains(tmp_path, capsys):
     from triage_cf.chain import _code_fingerprint
     run = tmp_path / "run"
     code = _code_fingerprint()
-    reproduce("synth-en", "smoke", out=run, until="04_emulator", quiet=True, overrides={"null_seeds": 2})
+    reproduce("synth-en", "smoke", out=run, until="05_emulator", quiet=True, overrides={"null_seeds": 2})
     p = plan("synth-en", "smoke", run_dir=run, overrides={"null_seeds": 2})
     if _code_fingerprint() != code:
         pytest.skip("a file of triage_cf/ changed while this test ran, which un-caches every stage by the chain's rule")
     status = {r["stage"]: r["status"] for r in p["stages"]}
-    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "03e_null_control"], p["stages"]
+    assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "04_null_control"], p["stages"]
     assert p["workload"]["null_twins"] == {"FT": 2, "FS": 2, "RF": 2, "MLP": 2} and p["overrides"] == {"null_seeds": 2}
     why = {r["stage"]: r["why"] for r in plan("synth-en", "smoke", run_dir=run)["stages"]}   # the notebooks' 1 seed
-    assert why["03_split"] == "cached" and why["03e_null_control"].startswith("its notebook, parameters"), why
+    assert why["03_split"] == "cached" and why["04_null_control"].startswith("its notebook, parameters"), why
     assert main(["plan", "--dataset", "synth-en", "--profile", "smoke", "--run-dir", str(run), "--set", "null_seeds=2"]) == 0
     out = capsys.readouterr().out
-    assert "profile smoke, null_seeds=2" in out and "03e_null_control     cached" in out
+    assert "profile smoke, null_seeds=2" in out and "04_null_control      cached" in out
     assert main(["plan", "--dataset", "synth-en", "--profile", "smoke", "--set", "null_seeds"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err

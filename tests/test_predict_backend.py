@@ -1,5 +1,5 @@
-"""The FT emulator's scores behind an OpenAI-compatible server, in the chain: `ft_backend: openai` makes 04_emulator
-score the test records and 06_predict score the counterfactual pairs through the LLM layer's client, as on a GPU node
+"""The FT emulator's scores behind an OpenAI-compatible server, in the chain: `ft_backend: openai` makes 05_emulator
+score the test records and 08_predict score the counterfactual pairs through the LLM layer's client, as on a GPU node
 that serves the merged emulator with `vllm serve`. The server is the suite's one fake (tests/fake_openai.py): no real
 local server returns the log-probabilities the label distribution needs (`transformers serve` ignores them). Every
 pair prediction must be the server's distribution for exactly the prompt the local path would have sent."""
@@ -13,12 +13,12 @@ import pytest
 from triage_cf.chain import StageFailed, reproduce
 from triage_cf.core import VIEWS, read_parquet
 from triage_cf.data import load_manifest
-from triage_cf.emulator import render_prompts
-from triage_cf.predict import pair_records
+from triage_cf.audit.emulator import render_prompts
+from triage_cf.audit.predict import pair_records
 
 from fake_openai import FakeOpenAI, level_logprobs
 
-STAGES = ["01_data", "02_cohort", "03_split", "04_emulator", "05_counterfactuals", "06_predict"]
+STAGES = ["01_data", "02_cohort", "03_split", "05_emulator", "07_counterfactuals", "08_predict"]
 
 
 def test_pairs_scored_on_a_server(tmp_path):
@@ -49,12 +49,12 @@ def test_pairs_scored_on_a_server(tmp_path):
             got = ft[(ft["side"] == side) & (ft["view"] == view)].set_index("pair_id").loc[recs["pair_id"]]
             np.testing.assert_allclose(got[[f"p_{l}" for l in levels]].to_numpy(), want, atol=1e-6)
     assert requests > 0   # batched: several prompts per request (the probabilities above are the server's, not a local model's)
-    out = (run / "notebooks" / "06_predict.ipynb").read_text()
+    out = (run / "notebooks" / "08_predict.ipynb").read_text()
     assert "views x 2 sides) on openai" in out
 
 
 def test_the_emulator_server_is_checked_before_scoring(tmp_path):
-    """With `ft_backend: openai` on a fresh run folder, 04_emulator trains, exports `ft_merged` and stops, with the command
+    """With `ft_backend: openai` on a fresh run folder, 05_emulator trains, exports `ft_merged` and stops, with the command
     that serves it, when no server answers or the server serves another model; once the export is served under its name,
     the rerun scores the test records without training again."""
     run = tmp_path / "run"

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from triage_cf import reconcile as R
+from triage_cf.audit import reconcile as R
 
 
 @pytest.fixture(scope="module")

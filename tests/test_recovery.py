@@ -1,4 +1,4 @@
-"""Planted-bias recovery study (stage 08_recovery): the library functions at tiny sizes.
+"""Planted-bias recovery study (stage 10_recovery): the library functions at tiny sizes.
 
 The grid, the checks and the power-aware recovery classes on constructed metric tables, the planted truth's structure,
 the ideal learner's standard error against a numerical derivative of the oracle, one tiny end-to-end grid with resume and
@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from triage_cf import recovery as R
+from triage_cf.audit import recovery as R
 from triage_cf.core import load_params, repo_root, sha256_file
 from triage_cf.data import load_manifest
-from triage_cf.metrics import METRICS, point_metrics
+from triage_cf.audit.metrics import METRICS, point_metrics
 
 VIEWS = ("full", "text_iso", "tab_iso")
 
@@ -346,7 +346,7 @@ def test_recovery_table_on_constructed_predictions(settings):
 
 def test_calibration_profile_matches_the_notebook():
     import papermill as pm
-    declared = set(pm.inspect_notebook(str(repo_root() / "nbs" / "08_recovery.ipynb")).keys())
+    declared = set(pm.inspect_notebook(str(repo_root() / "nbs" / "1_audit" / "stages" / "10_recovery.ipynb")).keys())
     for ds in ("synth-fr", "synth-en"):
         p = load_params(ds, "calibration")
         assert p["recovery_study"] is True

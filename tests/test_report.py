@@ -1,4 +1,4 @@
-"""The run's report (nbs/09_report.ipynb -> triage_cf/report.py) read as a reader would: every table and figure of the
+"""The run's report (nbs/1_audit/12_report.ipynb -> triage_cf/audit/report.py) read as a reader would: every table and figure of the
 run exactly once, in the paper's order, summary first, unfit models greyed, figures as embedded PNGs, offline, narrow,
 and a valid report for runs that have only some stages (margins, tbias, an older run without the new columns)."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from triage_cf.core import VIEWS, RunPaths, write_table
-from triage_cf.metrics import METRICS, format_table3
-from triage_cf.report import SECTIONS, build_report
+from triage_cf.audit.metrics import METRICS, format_table3
+from triage_cf.audit.report import SECTIONS, build_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SECRET = "ZZ-patient-note-7f3a"   # record-level text in data/: must never reach the report
@@ -146,9 +146,9 @@ def make_run(root: Path, kind: str) -> RunPaths:
     for f in figures:
         (p.figures / f"{f}.png").write_bytes(png)
     (p.data / "cohort.csv").write_text(f"note\n{SECRET}\n", encoding="utf-8")
-    stages = {"default": ["01_data", "02_cohort", "07_metrics", "09_report"], "old": ["01_data", "07_metrics", "09_report"],
-              "margins": ["01_data", "02_cohort", "10_vignettes", "11_margins", "09_report"],
-              "tbias": ["01_data", "02_cohort", "12_word_association", "13_allocation", "09_report"]}[kind]
+    stages = {"default": ["01_data", "02_cohort", "09_metrics", "15_report"], "old": ["01_data", "09_metrics", "15_report"],
+              "margins": ["01_data", "02_cohort", "11_margins_vignettes", "12_margins_probe", "15_report"],
+              "tbias": ["01_data", "02_cohort", "13_tbias_words", "14_tbias_allocation", "15_report"]}[kind]
     p.run_json.write_text(pd.Series({"dataset": "synth-en", "profile": kind, "git": {"commit": "abc123", "dirty": False},
                                      "parameters": {"seed": 42, "n_boot": 1000},
                                      "stages": {s: {"status": "ok", "wall_s": 1.0} for s in stages}}).to_json(), encoding="utf-8")

@@ -16,7 +16,7 @@ from triage_cf.chain import stages_for
 from triage_cf.core import load_params, sha256_file
 
 STAGES = stages_for(load_params(sr.DATASET, sr.PROFILE))
-PRED = "06_predict"
+PRED = "08_predict"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_run_json_records_input_file_sha256(tmp_path):
 
 def test_corrupt_prediction_chunk_is_recomputed_never_read(runs, tmp_path):
     """Truncate one durable prediction chunk of a finished run (a copy), re-run: the chain sees the sha256 mismatch with
-    run.json, sets the file aside, and stage 06 recomputes that chunk (same bytes as before) and reuses the others."""
+    run.json, sets the file aside, and stage 08_predict recomputes that chunk (same bytes as before) and reuses the others."""
     out = tmp_path / "run"
     shutil.copytree(runs[1], out)
     chunks = sorted((out / "data" / "predictions" / "FT").rglob("chunk-*.parquet"))
@@ -134,7 +134,7 @@ def test_baselines_score_the_views_the_emulator_scored(runs, tmp_path):
     ft = pd.read_parquet(pred / "test_FT.parquet")
     assert set(ft["view"]) == set(VIEWS)
     write_parquet(ft[ft["view"] == "full"].reset_index(drop=True), pred / "test_FT.parquet")
-    reproduce(sr.DATASET, sr.PROFILE, out=out, stages=["04b_baselines"], force=True, quiet=True)
+    reproduce(sr.DATASET, sr.PROFILE, out=out, stages=["06_baselines"], force=True, quiet=True)
     for m in ("FS", "RF", "MLP"):
         old, new = pd.read_parquet(src / "data" / "predictions" / f"test_{m}.parquet"), pd.read_parquet(pred / f"test_{m}.parquet")
         assert set(old["view"]) == set(VIEWS) and set(new["view"]) == {"full"}, m

@@ -10,9 +10,9 @@ import unicodedata
 import pandas as pd
 import pytest
 
-from triage_cf.review import REVIEW_CATEGORIES, export_review_sample, review_agreement
+from triage_cf.audit.review import REVIEW_CATEGORIES, export_review_sample, review_agreement
 from triage_cf.rewrite import SexSpecificContent, counterfactual_text, g, is_sex_specific, load_lexicon, validate_rewrite
-from triage_cf.rewrite_llm import swap_text, swap_tsv
+from triage_cf.audit.rewrite_llm import swap_text, swap_tsv
 
 # (target_sex, original, expected rewrite)
 EN_CASES = [
@@ -376,7 +376,7 @@ def test_review_sample_two_strata_and_all_agree(tmp_path):
 
 
 # ---- three error classes of g found by new users -------------------------------------------------------------
-# Written from the rules (notebook 05a, "Sex-specific content", "English rules", "French rules"), not from outputs.
+# Written from the rules (chapter 0_shared/04_rewrite, "Sex-specific content", "English rules", "French rules"), not from outputs.
 
 # Appendix A terms match as whole words, each term with its forms listed explicitly (resources/sex_specific_forms_*.yaml)
 MUST_EXCLUDE = [

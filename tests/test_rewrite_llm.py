@@ -15,7 +15,7 @@ import pytest
 
 from triage_cf.llm import AnswerCache, ScriptedClient, make_client
 from triage_cf.rewrite import counterfactual_text, g, rewrite_rules, validate_rewrite
-from triage_cf.rewrite_llm import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, LLMRewriter, load_exemplars, make_rewriter,
+from triage_cf.audit.rewrite_llm import (FIELD_TAGS, LLM_PROMPTS, SEX_WORDS, LLMRewriter, load_exemplars, make_rewriter,
                                    parse_rewrite, prompt_version, rewrite_messages, swap_text, swap_tsv)
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -331,7 +331,7 @@ def test_cli_swap_text_llm(tmp_path, capsys):
 # ---- the pair stage ------------------------------------------------------------------------------------------------
 
 def test_build_pairs_with_the_llm(tmp_path):
-    from triage_cf.counterfactuals import build_pairs, counterfactual_flow
+    from triage_cf.audit.counterfactuals import build_pairs, counterfactual_flow
     test = pd.DataFrame({"record_id": ["a", "b", "c", "d"], "sex": ["M", "F", "F", "M"],
                          "cc_text": ["Chute", "Dyspnée", "Douleur pelvienne", "Malaise"],
                          "hpi": ["Il est tombé.", "Elle est essoufflée.", "Patiente enceinte de 8 SA.", "Il est confus."],
@@ -352,7 +352,7 @@ def test_build_pairs_with_the_llm(tmp_path):
 
 
 def test_stage_parameters_default_to_the_rules():
-    nb = json.loads((Path(__file__).parents[1] / "nbs" / "05_counterfactuals.ipynb").read_text())
+    nb = json.loads((Path(__file__).parents[1] / "nbs" / "1_audit" / "stages" / "07_counterfactuals.ipynb").read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     src = "".join(cell["source"])
     for line in ('rewrite_method = "rules"', 'rewrite_model = "smollm2"', 'rewrite_backend = "local"', "rewrite_base_url = None"):

@@ -8,7 +8,7 @@ import yaml
 from triage_cf.chain import reproduce
 from triage_cf.core import load_params, read_parquet, repo_root
 from triage_cf.data import dataset_status
-from triage_cf.emulator import stratified_subsample
+from triage_cf.audit.emulator import stratified_subsample
 
 PROFILES = sorted(yaml.safe_load((repo_root() / "params" / "profiles.yaml").read_text()))
 
@@ -18,7 +18,7 @@ def test_every_profile_subsamples_the_real_dataset(dataset, tmp_path):
     st = dataset_status().set_index("name")
     if not st.loc[dataset, "present"]:
         pytest.skip(f"{dataset} is not under the data root ($TRIAGE_CF_DATA)")
-    reproduce(dataset, "smoke", out=tmp_path / "run", until="04_emulator", quiet=True)
+    reproduce(dataset, "smoke", out=tmp_path / "run", until="05_emulator", quiet=True)
     root = tmp_path / "run"
     cohort = read_parquet(root / "data" / "cohort.parquet")
     split = read_parquet(root / "data" / "split.parquet")

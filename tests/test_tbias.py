@@ -11,9 +11,9 @@ from triage_cf.cli import main
 import hashlib
 import json
 
-from triage_cf.tbias_allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_requests, allocation_stats, make_pairs,
+from triage_cf.tbias.allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_requests, allocation_stats, make_pairs,
                                         make_patients, parse_choice, run_allocation)
-from triage_cf.tbias_words import (TBIAS_RESOURCE_DIR, association_requests, bias_score, bootstrap_bias, load_words, parse_word_labels,
+from triage_cf.tbias.words import (TBIAS_RESOURCE_DIR, association_requests, bias_score, bootstrap_bias, load_words, parse_word_labels,
                                    word_corpus)
 
 
@@ -279,9 +279,9 @@ def test_stages_end_to_end(tmp_path):
     from triage_cf.chain import reproduce
     from triage_cf.core import load_params
     params = load_params("synth-en", "tbias-smoke")
-    assert params["transgender_bias"] and "12_word_association" in params["stages"]
+    assert params["transgender_bias"] and "13_tbias_words" in params["stages"]
     res = reproduce("synth-en", "tbias-smoke", out=tmp_path, quiet=True)
-    assert {r.stage for r in res} >= {"12_word_association", "13_allocation", "09_report"}
+    assert {r.stage for r in res} >= {"13_tbias_words", "14_tbias_allocation", "15_report"}
     alloc = pd.read_csv(tmp_path / "tables" / "tbias_allocation.csv")
     assert len(alloc) == 8 * 2 * 3                                   # services x languages x conditions
     assert (alloc.n_valid + alloc.n_refused + alloc.n_unparsed == alloc.n_instances).all()

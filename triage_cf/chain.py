@@ -38,17 +38,37 @@ from .core import (CHAIN_ENV, RunPaths, atomic_write_text, load_params, read_yam
 from .governance import (RenderBlocked, install_display_policy, policy_for_dataset, policy_for_run, publish_notebook,
                          sanitize_message)
 
-#: The ordered stage list of the chain. The core audit (01-08), then the probes of an LLM's own behaviour (10-13), then
-#: the report (09_report, always last, so that it shows what every earlier stage wrote).
-STAGES: list[str] = ["01_data", "02_cohort", "03_split", "03e_null_control", "04_emulator", "04b_baselines", "05_counterfactuals", "06_predict", "07_metrics",
-                     "08_recovery", "10_vignettes", "11_margins", "12_word_association", "13_allocation", "09_report"]
+#: The ordered stage list of the chain, numbered in run order (a stage is named by its notebook, `nbs/<part>/stages/`):
+#: the shared data and cohort stages (01-02), the human-triage audit (03-10), the probes of an LLM's own behaviour
+#: (11-12 margins, 13-14 transgender bias), then the report (15_report, always last, so that it shows what every earlier
+#: stage wrote).
+STAGES: list[str] = ["01_data", "02_cohort", "03_split", "04_null_control", "05_emulator", "06_baselines", "07_counterfactuals", "08_predict", "09_metrics",
+                     "10_recovery", "11_margins_vignettes", "12_margins_probe", "13_tbias_words", "14_tbias_allocation", "15_report"]
 #: Stages that run only when the profile turns them on (parameter name -> truthy): the planted-bias recovery study
 #: trains several emulators and belongs to the `calibration` profile, not to `make reproduce`; the token-margin probes
 #: (YentlGuard) and the transgender-bias tasks (Hirsch et al.) are instruments of their own, run by their profiles; the null
 #: control (permuted-sex training records for null twins of the emulators) runs where the profile sets `null_control`.
-OPTIONAL_STAGES: dict[str, str] = {"03e_null_control": "null_control", "08_recovery": "recovery_study", "10_vignettes": "probe_margins",
-                                   "11_margins": "probe_margins", "12_word_association": "transgender_bias",
-                                   "13_allocation": "transgender_bias"}
+OPTIONAL_STAGES: dict[str, str] = {"04_null_control": "null_control", "10_recovery": "recovery_study", "11_margins_vignettes": "probe_margins",
+                                   "12_margins_probe": "probe_margins", "13_tbias_words": "transgender_bias",
+                                   "14_tbias_allocation": "transgender_bias"}
+
+
+#: Run folders' layout: 2 since nbs/ is in part folders and the stages are named in run order, one name per instrument.
+RUN_LAYOUT = 2
+#: The stages renamed then (layout 1 -> 2); `01_data`, `02_cohort` and `03_split` kept their names.
+RENAMED_STAGES: dict[str, str] = {"03e_null_control": "04_null_control", "04_emulator": "05_emulator",
+                                  "04b_baselines": "06_baselines", "05_counterfactuals": "07_counterfactuals",
+                                  "06_predict": "08_predict", "07_metrics": "09_metrics", "08_recovery": "10_recovery",
+                                  "10_vignettes": "11_margins_vignettes", "11_margins": "12_margins_probe",
+                                  "12_word_association": "13_tbias_words", "13_allocation": "14_tbias_allocation",
+                                  "09_report": "15_report"}
+
+
+def _unknown_stages(names: list[str], where: str) -> ValueError:
+    "The error for stage names that are not stages, naming the new name of a renamed one."
+    hints = [f"{n!r} is now {RENAMED_STAGES[n]!r}" for n in names if n in RENAMED_STAGES]
+    return ValueError(f"{where}: unknown stages {names}" + (f" ({'; '.join(hints)}: the stages were renamed in run order "
+                      "when nbs/ moved into part folders)" if hints else "") + f"; stages: {STAGES}")
 
 
 def stages_for(params: dict) -> list[str]:
@@ -57,7 +77,7 @@ def stages_for(params: dict) -> list[str]:
     if params.get("stages"):
         unknown = [s for s in params["stages"] if s not in STAGES]
         if unknown:
-            raise ValueError(f"profile {params.get('profile')!r}: unknown stages {unknown}; stages: {STAGES}")
+            raise _unknown_stages(unknown, f"profile {params.get('profile')!r}")
         return [s for s in STAGES if s in params["stages"]]
     return [s for s in STAGES if s not in OPTIONAL_STAGES or params.get(OPTIONAL_STAGES[s])]
 
@@ -83,7 +103,12 @@ class StageResult:
 
 
 def stage_notebook(stage: str) -> Path:
-    return repo_root() / "nbs" / f"{stage}.ipynb"
+    """The stage's notebook: `nbs/<part>/stages/<stage>.ipynb` (a stage is named by its notebook's stem, unique across
+    the parts)."""
+    found = sorted((repo_root() / "nbs").glob(f"*/stages/{stage}.ipynb"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"stage {stage!r}: expected one notebook nbs/<part>/stages/{stage}.ipynb, found {len(found)}")
+    return found[0]
 
 
 def _notebook_fingerprint(path: Path) -> str:
@@ -206,6 +231,46 @@ def load_run_json(paths: RunPaths) -> dict:
     return {}
 
 
+def migrate_run_folder(paths: RunPaths, run: dict) -> list[str]:
+    """Bring a run folder written before the part folders (run.json without `layout`, stage names of layout 1) to
+    `RUN_LAYOUT`: run.json's stage records and their recorded outputs, `notebooks/<stage>.ipynb` and `html/<stage>.html`
+    take the stages' new names (`RENAMED_STAGES`). Returns the old names it renamed; changes `run` in place.
+
+    Nothing is recomputed here and nothing is lost: every stage of a migrated folder runs again at the next
+    `triage-cf reproduce` (its notebook is a new file), and the long ones resume from the durable work they left under
+    `data/` (fine-tuning checkpoints, prediction chunks), whose paths do not carry stage names."""
+    if run.get("layout", 1) >= RUN_LAYOUT:
+        return []
+    renamed = []
+    stages = run.get("stages", {})
+    for old, new in RENAMED_STAGES.items():
+        if old not in stages:
+            continue
+        if new in stages:
+            raise RuntimeError(f"{paths.run_json}: holds stage {old!r} and its new name {new!r}; move the run folder "
+                               "aside and run again into a new one")
+        stages[new] = stages.pop(old)
+        for folder, ext in ((paths.notebooks, ".ipynb"), (paths.html, ".html")):
+            if (folder / f"{old}{ext}").exists():
+                os.replace(folder / f"{old}{ext}", folder / f"{new}{ext}")
+        renamed.append(old)
+    for rec in stages.values():      # recorded outputs that are a renamed stage's notebook or page
+        rec["outputs"] = {_renamed_path(rel): h for rel, h in rec.get("outputs", {}).items()}
+    run["layout"] = RUN_LAYOUT
+    if renamed:
+        run["migrated"] = {"from_layout": 1, "renamed": {o: RENAMED_STAGES[o] for o in renamed}}
+    return renamed
+
+
+def _renamed_path(rel: str) -> str:
+    "A run folder's relative path with a layout-1 stage's notebook or page given the stage's new name."
+    for folder, ext in (("notebooks/", ".ipynb"), ("html/", ".html")):
+        stem = rel[len(folder):-len(ext)] if rel.startswith(folder) and rel.endswith(ext) else None
+        if stem in RENAMED_STAGES:
+            return f"{folder}{RENAMED_STAGES[stem]}{ext}"
+    return rel
+
+
 def render_html(nb_path: Path, html_path: Path) -> None:
     "Render an executed notebook to HTML with nbconvert (Quarto is not needed)."
     import nbformat
@@ -240,12 +305,16 @@ def reproduce(dataset: str, profile: str = "smoke", out: str | Path | None = Non
         elif until in STAGES:  # an optional stage that is off: the stages declared before it
             stages = [s for s in stages if s in STAGES and STAGES.index(s) < STAGES.index(until)]
         else:
-            raise ValueError(f"unknown stage {until!r}; stages: {stages}")
+            raise _unknown_stages([until], "until")
     paths = RunPaths(run_dir_for(dataset, profile, out)).make()
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     results: list[StageResult] = []
     with FileLock(str(paths.root / ".lock")):
         run = load_run_json(paths)
+        migrated = migrate_run_folder(paths, run)
+        if migrated:
+            say(f"{paths.root}: run folder of layout 1 migrated to layout {RUN_LAYOUT}: stages "
+                + ", ".join(f"{o} -> {RENAMED_STAGES[o]}" for o in migrated) + " (they run again, resuming from their checkpoints)")
         policy = policy_for_dataset(dataset)
         run.update(dataset=dataset, profile=profile, access=policy.access, parameters=params, git=_git_commit(),
                    packages=_package_versions(),

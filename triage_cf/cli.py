@@ -1,9 +1,9 @@
 """`triage-cf`: the command-line entry point (hand-written glue, not a stage), and the shared commands: `reproduce`
 (the stage chain), `datasets` and `fetch` (the data root).
 
-The CLI is one module per part of the compendium, as the package is: this module (shared library), `cli_audit` (the
-human-triage audit: `metrics`, `swap-text`, `plan`), `cli_margins` (the margin probes) and `cli_tbias` (the
-transgender-bias probes); each part module adds its subcommands through `register(subparsers)`."""
+The CLI is one module per part of the compendium, as the package is: this module (shared library), `audit.cli` (the
+human-triage audit: `metrics`, `swap-text`, `plan`), `margins.cli` (the margin probes) and `tbias.cli` (the
+transgender-bias probes); each part's module adds its subcommands through `register(subparsers)`."""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +20,7 @@ from .data import dataset_status
 from .fetch import AccessNotOpen, fetch_dataset
 
 #: The parts' CLI modules, in the order of their commands in `triage-cf --help`: each defines `register(subparsers)`.
-SUBCOMMAND_MODULES = ("cli_audit", "cli_margins", "cli_tbias")
+SUBCOMMAND_MODULES = ("audit.cli", "margins.cli", "tbias.cli")
 
 
 def _cmd_reproduce(args) -> int:

@@ -1,5 +1,5 @@
-"""`make docs`: a static HTML site under `_docs/` from the notebooks (`nbs/index.ipynb` is the landing page) and the
-README, executed on synthetic data only, readable without a network.
+"""`make docs`: a static HTML site under `_docs/` from the notebooks (`nbs/index.ipynb`, the front door and the source of
+README.md, is the landing page), executed on synthetic data only, readable without a network.
 
 Hand-written glue (Quarto cannot be installed on these machines; where it exists, `nbdev_docs` may be used instead).
 Notebooks run with their default parameters, which are the smoke profile of a synthetic dataset; a notebook whose
@@ -12,7 +12,8 @@ A page reads like nbdev's: `#| hide` cells are left out, an `#| export` cell sho
 defines as `show_doc` does (name, signature, docstring) instead of its source, and the `#|` directives are removed.
 Formulas (`$...$`, `$$...$$` in markdown and docstrings) are typeset on the build machine by matplotlib's mathtext
 into inline SVG images, so a page needs no MathJax or KaTeX from a CDN; a formula mathtext cannot parse is shown as
-its LaTeX source in a code span (and counted). Links between notebooks (`X.ipynb`) point to their pages."""
+its LaTeX source in a code span (and counted). Links between notebooks (`X.ipynb`, `../part/X.ipynb`) point to their pages; the site keeps nbs/'s folders, and its
+navigation groups the pages by the compendium's parts (`PART_TITLES`)."""
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,37 @@ _PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</titl
 </head><body>{nav}{body}</body></html>"""
 
 
-def _nav(pages: list[tuple[str, str]]) -> str:
-    return ("<nav class='docs-nav'><a href='index.html'>triage_cf</a> · <a href='readme.html'>README</a> · "
-            + " · ".join(f"<a href='{h}'>{html.escape(t)}</a>" for t, h in pages) + "</nav>")
+#: The parts of the compendium, in the order of nbs/'s folders, as the site's navigation groups them.
+PART_TITLES = {"0_shared": "shared library", "1_audit": "human-triage audit (the paper)",
+               "2_margins": "margin probes (YentlGuard)", "3_tbias": "transgender-bias probes (Hirsch et al.)"}
+
+
+def notebook_names(nbs: Path) -> list[str]:
+    """The site's notebooks as paths under `nbs` without `.ipynb` (`index`, `1_audit/02_emulator`,
+    `1_audit/stages/05_emulator`): the landing page, then each part's chapters and its stages, in file order."""
+    found = [p.relative_to(nbs).with_suffix("").as_posix() for p in nbs.rglob("*.ipynb")
+             if not any(x.startswith(("_", ".")) for x in p.relative_to(nbs).parts)]
+    return sorted(found, key=lambda n: (n != "index", n.split("/")[0], "/stages/" in n, n))
+
+
+def _nav(pages: list[tuple[str, str]], depth: int = 0) -> str:
+    """The navigation bar of a page `depth` folders below the site's root: README, then each part's chapters and stages
+    (`pages`: (notebook name or report title, href from the root))."""
+    up = "../" * depth
+    groups: dict[str, list[str]] = {}
+    for name, href in pages:
+        part = name.split("/")[0] if "/" in name else ""
+        title = name.rsplit("/", 1)[-1]
+        if "/stages/" in name:
+            title = f"stage {title}"
+        elif part:
+            title = title.split("_", 1)[1] if title[:2].isdigit() else title
+        groups.setdefault(part, []).append(f"<a href='{up}{href}'>{html.escape(title)}</a>")
+    rows = [f"<a href='{up}index.html'>triage_cf</a>"
+            + ("".join(" · " + a for a in groups.pop("", [])))]
+    for part, links in groups.items():
+        rows.append(f"<b>{html.escape(PART_TITLES.get(part, part))}</b>: " + " · ".join(links))
+    return "<nav class='docs-nav'>" + "<br>".join(rows) + "</nav>"
 
 
 def _access(ds: str, what: str) -> str:
@@ -216,7 +245,7 @@ def docs_notebook(nb):
 
 _MATHJAX = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
 _REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>")   # e.g. require.js (widgets only)
-_NB_LINK = re.compile(r'href="([\w.-]+)\.ipynb(#[^"]*)?"')
+_NB_LINK = re.compile(r'href="([\w./-]+)\.ipynb(#[^"]*)?"')
 
 
 def page_html(nb, nav: str = "") -> str:
@@ -226,6 +255,46 @@ def page_html(nb, nav: str = "") -> str:
     body = _REMOTE_SCRIPT.sub("", _MATHJAX.sub("", body))
     body = _NB_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
     return _insert_nav(body.replace("</head>", _STYLE + "\n</head>", 1), nav)
+
+
+#: A markdown link to a notebook by a relative path (not a URL, not an anchor of the same page).
+_MD_NB_LINK = re.compile(r"\]\(((?![a-z]+:|#|/)[\w./-]+\.ipynb(?:#[^)]*)?)\)")
+#: The first line of the generated README.
+README_HEADER = ("<!-- Generated from nbs/index.ipynb by `make readme` (python -m triage_cf.docs --readme): edit the "
+                 "notebook, not this file. -->")
+
+
+def readme_markdown(nb, nbs_prefix: str = "nbs/") -> str:
+    """The repository's README.md from the front-door notebook `nb` (`nbs/index.ipynb`, settings.ini's `readme_nb`): its
+    markdown cells, and its code cells that are not hidden (as fenced Python, without their directives), with links to
+    notebooks made relative to the repository's root. Formulas stay `$...$` (GitHub renders them). It replaces
+    `nbdev_readme`, which needs Quarto (not installable on these machines)."""
+    parts = [README_HEADER]
+    for cell in nb.cells:
+        src = cell.source.strip("\n")
+        if cell.cell_type == "code":
+            d = _directives(src)
+            if "hide" in d or "default_exp" in d or not src:
+                continue
+            body = "\n".join(line for line in src.splitlines() if not _DIRECTIVE.match(line))
+            text = f"```python\n{body}\n```"
+        elif cell.cell_type == "markdown":
+            text = src
+        else:
+            continue
+        parts.append(_MD_NB_LINK.sub(lambda m: f"]({nbs_prefix}{m.group(1)})", text))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_readme(root: Path | None = None) -> Path:
+    "Write `README.md` at the repository's root from `nbs/index.ipynb` (only when its bytes change); returns its path."
+    import nbformat
+    root = Path(root or repo_root())
+    text = readme_markdown(nbformat.read(root / "nbs" / "index.ipynb", as_version=4))
+    target = root / "README.md"
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        target.write_text(text, encoding="utf-8")
+    return target
 
 
 def _insert_nav(page: str, nav: str) -> str:
@@ -246,7 +315,7 @@ def _build(out: Path | None, runs: list[Path], notebooks: list[str] | None) -> P
     import papermill as pm
     root = repo_root()
     out = Path(out or root / "_docs")
-    names = notebooks or sorted(p.stem for p in (root / "nbs").glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    names = notebooks or notebook_names(root / "nbs")
     for r in runs:  # refuse before doing any work
         check_run_is_public(Path(r))
     for name in names:
@@ -255,24 +324,26 @@ def _build(out: Path | None, runs: list[Path], notebooks: list[str] | None) -> P
     work = root / ".cache" / "docs" / "executed"  # executions and their synthetic runs stay outside the site (gitignored)
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TRIAGE_CF_RUNS", str(root / ".cache" / "docs" / "runs"))
-    pages = [(n, "index.html" if n == "index" else f"{n}.html") for n in names if n != "index"]
+    pages = [(n, f"{n}.html") for n in names if n != "index"]
     reports = [(f"report {check_run_is_public(Path(r))}", f"report-{check_run_is_public(Path(r))}-{Path(r).name}.html") for r in runs]
     nav = _nav(pages + reports)
     MATH_FAILURES.clear()
     for name in names:
         print(f"docs: executing {name}", flush=True)
         executed = work / f"{name}.ipynb"
-        pm.execute_notebook(str(root / "nbs" / f"{name}.ipynb"), str(executed), kernel_name="python3",
-                            cwd=str(root / "nbs"), progress_bar=False)
+        executed.parent.mkdir(parents=True, exist_ok=True)
+        source = root / "nbs" / f"{name}.ipynb"
+        pm.execute_notebook(str(source), str(executed), kernel_name="python3", cwd=str(source.parent), progress_bar=False)
         target = out / ("index.html" if name == "index" else f"{name}.html")
-        atomic_write_text(target, page_html(nbformat.read(executed, as_version=4), nav))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, page_html(nbformat.read(executed, as_version=4), _nav(pages + reports, name.count("/"))))
     for r, (_, target) in zip(runs, reports):
         shutil.copy(Path(r) / "report.html", out / target)
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    atomic_write_text(out / "readme.html", _PAGE.format(title="triage_cf: README", style=_STYLE, nav=nav, body=_md_to_html(readme)))
-    if "index" not in names:   # a partial build still has a landing page
-        atomic_write_text(out / "index.html", _PAGE.format(title="triage_cf", style=_STYLE, nav=nav, body=_md_to_html(readme)))
-    for f in out.iterdir():                   # a site is read by others: the atomic writes' 0600 is too strict
+    if "index" not in names:   # a partial build still has a landing page: the front door (the README), unexecuted
+        front = readme_markdown(nbformat.read(root / "nbs" / "index.ipynb", as_version=4), nbs_prefix="")
+        body = _NB_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', _md_to_html(front))
+        atomic_write_text(out / "index.html", _PAGE.format(title="triage_cf", style=_STYLE, nav=nav, body=body))
+    for f in out.rglob("*"):                  # a site is read by others: the atomic writes' 0600 is too strict
         if f.is_file():
             f.chmod(0o644)
     if MATH_FAILURES:
@@ -286,8 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m triage_cf.docs", description=__doc__)
     p.add_argument("--out", default=None)
     p.add_argument("--run", action="append", default=[], help="add this run folder's report (open/synthetic datasets only)")
-    p.add_argument("--notebook", action="append", default=None, help="only these notebooks (names without .ipynb)")
+    p.add_argument("--readme", action="store_true", help="only write README.md from nbs/index.ipynb (no site)")
+    p.add_argument("--notebook", action="append", default=None, help="only these notebooks (paths under nbs/ without .ipynb, e.g. 1_audit/08_metrics)")
     a = p.parse_args(argv)
+    if a.readme:
+        print(f"docs: {write_readme()}")
+        return 0
     try:
         _build(Path(a.out) if a.out else None, [Path(r) for r in a.run], a.notebook)
     except PermissionError as exc:
