@@ -39,9 +39,6 @@ ALLOWED_IN_FUNCTION: dict[tuple[str, str], str] = {
 ALLOWED_TWICE: dict[str, str] = {
     "main": "the entry point of each command-line module (cli, docs), called by console_scripts / python -m",
     "register": "the hook each part's CLI module (audit.cli, margins.cli, tbias.cli) gives cli.py to add its subcommands",
-    # debt: two samplers of one idea. The emulator's keeps a one-record stratum whole and says how it drew; the recovery
-    # study's pools one-record strata of several columns. One implementation changes the recovery study's draws.
-    "stratified_subsample": "emulator (training subsample, one column) and recovery (several columns); to be merged",
 }
 
 

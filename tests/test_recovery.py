@@ -362,11 +362,13 @@ def test_calibration_profile_matches_the_notebook():
 
 
 def test_stratified_subsample(settings):
+    "The study draws its pairs with the emulator's sampler, stratified by level x sex."
+    from triage_cf.audit.emulator import stratified_subsample
     co = R.condition_cohort(settings, 0.0, 0.0, 5, 400)
-    sub = R.stratified_subsample(co, 100, 0, ["triage_level", "sex"])
+    sub, how = stratified_subsample(co, 100, ["triage_level", "sex"], 0)
     assert len(sub) == 100 and sub["record_id"].is_monotonic_increasing and sub["record_id"].is_unique
-    assert sub.equals(R.stratified_subsample(co, 100, 0, ["triage_level", "sex"]))      # seeded
+    assert "triage_level x sex" in how and sub.equals(stratified_subsample(co, 100, ["triage_level", "sex"], 0)[0])  # seeded
     share = lambda d: d.groupby(["triage_level", "sex"]).size() / len(d)
     assert (share(sub) - share(co)).abs().max() < 0.02                                   # strata kept
-    assert len(R.stratified_subsample(co, 3, 0, ["triage_level", "sex"])) == 3          # fewer rows than strata
-    assert len(R.stratified_subsample(co, None, 0, ["sex"])) == len(co)
+    assert len(stratified_subsample(co, 3, ["triage_level", "sex"], 0)[0]) == 3          # fewer rows than strata
+    assert len(stratified_subsample(co, None, ["sex"], 0)[0]) == len(co)

@@ -195,10 +195,16 @@ def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1, gradient
     return get_peft_model(model, cfg)
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #1f9cbefd
-def stratified_subsample(df: pd.DataFrame, n: int | None, column: str = "triage_level", seed: int = 0) -> tuple[pd.DataFrame, str]:
-    "(`n` rows of `df` stratified by `column`, sorted by record_id; how they were drawn) (see above)."
+def stratified_subsample(df: pd.DataFrame, n: int | None, column: str | Sequence[str] = "triage_level",
+                         seed: int = 0) -> tuple[pd.DataFrame, str]:
+    """(`n` rows of `df` stratified by `column`, or by the combinations of several columns, sorted by record_id; how
+    they were drawn) (see above)."""
     if n is None or n >= len(df):
         return df, f"all {len(df)} records"
+    if not isinstance(column, str):          # several columns: their combinations are the strata
+        by = list(column)
+        out, how = stratified_subsample(df.assign(_stratum=df[by].astype(str).agg(" x ".join, axis=1)), n, "_stratum", seed)
+        return out.drop(columns="_stratum"), how.replace("_stratum", " x ".join(by))
     counts = df[column].value_counts()
     rare = counts[counts < 2].index
     keep, rest = df[df[column].isin(rare)], df[~df[column].isin(rare)]

@@ -28,7 +28,7 @@ from ..cohort import apply_cohort
 from ..core import VIEWS, read_parquet, sha256_text, write_json, write_parquet
 from .counterfactuals import build_pairs
 from ..data import load_records
-from .emulator import render_patient, render_prompts, system_instruction, train_emulator
+from .emulator import render_patient, render_prompts, stratified_subsample, system_instruction, train_emulator
 from ..llm import LocalClient, bf16_pays, default_model_path, load_causal_lm, tiny_causal_lm, tiny_tokenizer
 from .metrics import METRICS, SIGNED_METRICS, point_metrics, table3
 from .predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
@@ -39,10 +39,9 @@ from ..synth import CUTPOINTS, DEFAULT_KNOBS, LEVELS, exact_counterfactual_pair,
 __all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'COVERAGE_METRICS', 'GRID_COLUMNS', 'RECOVERY_CLASSES', 'CLASS_KEYS', 'CLASS_TABLE_KEYS',
            'RESULT_VERSION', 'MLP', 'LLM_SETTINGS', 'MLP_SETTINGS', 'TABLE_COLUMNS', 'condition_grid', 'expected_move',
            'add_checks', 'recovery_class', 'classify_recovery', 'coverage_table', 'recovery_summary',
-           'recovery_classes', 'emulator_model', 'RecoverySettings', 'synth_knobs', 'condition_cohort',
-           'stratified_subsample', 'oracle_knobs', 'planted_truth', 'knob_standard_errors', 'result_path',
-           'condition_data', 'run_condition', 'run_grid', 'load_results', 'recovery_table', 'condition_label',
-           'figure_recovery']
+           'recovery_classes', 'emulator_model', 'RecoverySettings', 'synth_knobs', 'condition_cohort', 'oracle_knobs',
+           'planted_truth', 'knob_standard_errors', 'result_path', 'condition_data', 'run_condition', 'run_grid',
+           'load_results', 'recovery_table', 'condition_label', 'figure_recovery']
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #fb001768
 #: Which knobs a knob set plants (the others are 0).
@@ -315,20 +314,6 @@ def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: flo
         raise ValueError(f"{settings.dataset}: the cohort of {synth['n_records']} generated visits is empty; raise recovery_n_records")
     return res.cohort
 
-# %% ../../nbs/1_audit/10_recovery.ipynb #8e507b29
-def stratified_subsample(df: pd.DataFrame, n: int | None, seed: int, by: Sequence[str]) -> pd.DataFrame:
-    """A seeded subsample of `n` rows stratified by the columns `by` (strata of one row pooled), sorted by record_id;
-    a plain seeded sample when `n` (or what is left) is smaller than the number of strata."""
-    if n is not None and n < len(df):
-        strata = df[list(by)].astype(str).agg("|".join, axis=1)
-        strata = strata.where(strata.map(strata.value_counts()) >= 2, "rare")
-        if (strata == "rare").sum() == 1:
-            strata = strata.where(strata != "rare", strata.value_counts().index[0])
-        k = strata.nunique()
-        df, _ = train_test_split(df, train_size=int(n), random_state=int(seed),
-                                 stratify=strata if min(int(n), len(df) - int(n)) >= k else None)
-    return df.sort_values("record_id").reset_index(drop=True)
-
 # %% ../../nbs/1_audit/10_recovery.ipynb #f1b65288
 def oracle_knobs(settings: RecoverySettings, bias_tab: float, bias_text: float) -> dict:
     "The generator knobs of one planted-bias condition: the profile's `synth` knobs with its `bias_tab` and `bias_text`."
@@ -399,8 +384,9 @@ def condition_data(cond: Mapping, settings: RecoverySettings, emulator: str) -> 
     split = stratified_split(cohort, test_size=settings.test_size, seed=seed)
     part = cohort["record_id"].map(split.set_index("record_id")["split"])
     levels = sorted(int(l) for l in cohort["triage_level"].unique())
-    train = stratified_subsample(cohort[part.eq("train").to_numpy()], settings.train_n, seed, ["triage_level"])
-    test = stratified_subsample(cohort[part.eq("test").to_numpy()], settings.pairs_for(emulator), seed, ["triage_level", "sex"])
+    train, test = (stratified_subsample(cohort[part.eq(role).to_numpy()], n, by, seed)[0].sort_values("record_id").reset_index(drop=True)
+                   for role, n, by in (("train", settings.train_n, "triage_level"),
+                                       ("test", settings.pairs_for(emulator), ["triage_level", "sex"])))
     pairs = build_pairs(test, settings.text_fields, settings.lang)
     ok = pairs[pairs["in_pairs"]]
     if ok.empty:
