@@ -43,7 +43,7 @@ def register(subparsers) -> None:
     a = subparsers.add_parser("allocation", help="allocation-task statistics (Hirsch et al. §3) from your own answers CSV")
     a.add_argument("--answers", required=True, help="CSV: model, language, service, condition, pair_id, candidate_1, "
                    "group_1, candidate_2, group_2, response (group: cis | trans; candidate_1 is listed first; each response is "
-                   "read as tbias_allocation.parse_choice documents: the <person>/<persona> tag, else a unique name or a stated "
+                   "read as triage_cf.tbias.allocation.parse_choice documents: the <person>/<persona> tag, else a unique name or a stated "
                    "decision; refusals and unparsed answers counted)")
     a.add_argument("--out", required=True, help="output folder (allocation.csv; allocation_issues.csv when rows were excluded)")
     a.add_argument("--n-boot", type=int, default=2000, help="cluster-bootstrap resamples of pairs (default 2000)")
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     w = subparsers.add_parser("word-association", help="word-association bias scores (Hirsch et al. §2) from your own answers CSV")
     w.add_argument("--answers", required=True, help="CSV, one row per shown word: model, language, category, iteration, "
                    "word, sentiment (positive | negative), and label (cisgender | transgender) or response (the raw answer, "
-                   "read as tbias_words.parse_word_labels documents: lines, lists, markdown tables, lists grouped by label, JSON)")
+                   "read as triage_cf.tbias.words.parse_word_labels documents: lines, lists, markdown tables, lists grouped by label, JSON)")
     w.add_argument("--out", required=True, help="output folder (word_association.csv; word_association_issues.csv when rows were excluded)")
     w.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of iterations (default 2000)")
     w.add_argument("--seed", type=int, default=0)
