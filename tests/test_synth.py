@@ -308,3 +308,34 @@ def test_params_profiles(lang):
     assert sizes["smoke"] < 1000 and 2000 <= sizes["default"] <= 4000 and sizes["paper"] > 50_000
     kn = {k: v for k, v in load_params(DS[lang], "paper")["synth"].items() if k != "n_records"}
     assert len(generate_raw(lang, 10, seed=1, **kn)) == 10          # every configured knob is a known knob
+
+
+def _case_mix_pvalues(lang: str, c: float, seed: int, n: int = 3000) -> tuple[float, float]:
+    "(complaint class x sex chi-squared p, age by sex Welch t p) of the sex-independent classes of a cohort."
+    from scipy.stats import chi2_contingency, ttest_ind
+    from triage_cf.synth import SEX_SPECIFIC_CC, _generate
+    _, cn = _generate(lang, n, seed, dict(case_mix_by_sex=c))
+    cn = cn[cn.sex.notna() & cn.cc_code.notna() & ~cn.cc_code.isin(SEX_SPECIFIC_CC) & (cn.age >= 18)]
+    return (chi2_contingency(pd.crosstab(cn.cc_code, cn.sex))[1],
+            ttest_ind(cn.age[cn.sex == "F"], cn.age[cn.sex == "M"], equal_var=False).pvalue)
+
+
+@pytest.mark.parametrize("lang", ["en", "fr"])
+def test_case_mix_by_sex_default_is_visible_at_3000(lang):
+    "The default cohorts (case_mix_by_sex 1.0): complaints and age differ by sex beyond chance at 3,000 records, 5 seeds."
+    for seed in (101, 202, 303, 404, 505):
+        p_cc, p_age = _case_mix_pvalues(lang, 1.0, seed)
+        assert p_cc < 0.05 and p_age < 0.05, (lang, seed, p_cc, p_age)
+
+
+@pytest.mark.parametrize("lang", ["en", "fr"])
+def test_case_mix_by_sex_zero_is_the_old_generator(lang):
+    "case_mix_by_sex 0: the complaint weights of both sexes are equal, and no sex effect on the oracle's knobs."
+    from triage_cf.synth import _generate, class_weights
+    np.testing.assert_array_equal(class_weights(lang, "F", 0.0), class_weights(lang, "M", 0.0))
+    _, c0 = _generate(lang, 1500, 9, dict(case_mix_by_sex=0.0))
+    _, c1 = _generate(lang, 1500, 9, dict(case_mix_by_sex=1.0))
+    assert (c0.sex.fillna("") == c1.sex.fillna("")).all()        # sex is drawn first, from the same uniform
+    assert not c0.cc_code.equals(c1.cc_code)                       # the complaint mix is what the knob changes
+    with pytest.raises(ValueError, match="case_mix_by_sex"):
+        _generate(lang, 10, 1, dict(case_mix_by_sex=-1.0))

@@ -20,9 +20,9 @@ from .core import VIEWS, read_yaml, resource_path
 # %% auto #0
 __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES', 'CUTPOINTS', 'LEVELS', 'LANG_OFFSET',
            'LANG_SCALE', 'TEXT_FIELDS', 'ORACLE_COLUMNS', 'DEFAULT_KNOBS', 'ORACLE_KNOBS', 'RAW_COLUMNS',
-           'EXTRA_COLUMNS', 'OTHER_SEX_COLUMNS', 'CUE_COLUMN', 'SEX_SPECIFIC_COLUMN', 'text_sex_cue',
+           'EXTRA_COLUMNS', 'OTHER_SEX_COLUMNS', 'CUE_COLUMN', 'SEX_SPECIFIC_COLUMN', 'CASE_MIX_BY_SEX', 'text_sex_cue',
            'severity_phrases', 'oracle_latent', 'oracle_proba', 'oracle_predict', 'render', 'other_sex_columns',
-           'generate_raw', 'exact_counterfactual_pair']
+           'class_weights', 'generate_raw', 'exact_counterfactual_pair']
 
 # %% ../nbs/0_shared/03_synth.ipynb #35f67d2c
 def _resource(name: str):
@@ -142,10 +142,10 @@ ORACLE_COLUMNS = ["sex", "age", "hr", "rr", "sbp", "spo2", "temp_c", "gcs", "pai
 DEFAULT_KNOBS = {
     "fr": dict(bias_tab=0.009, bias_text=0.009, noise_scale=0.2, no_cue_share=0.2, share_female=0.46,
                age_mean=47.5, age_sd=22.6, share_minor=0.02, share_missing=0.04, share_sex_specific_cc=0.03,
-               share_appendix_terms=0.03, share_before_2016=1 / 3, typo_rate=0.15),
+               share_appendix_terms=0.03, share_before_2016=1 / 3, typo_rate=0.15, case_mix_by_sex=1.0),
     "en": dict(bias_tab=0.014, bias_text=0.014, noise_scale=0.2, no_cue_share=0.3, share_female=0.555,
                age_mean=60.8, age_sd=18.5, share_minor=0.02, share_missing=0.04, share_sex_specific_cc=0.03,
-               share_appendix_terms=0.03, typo_rate=0.15),
+               share_appendix_terms=0.03, typo_rate=0.15, case_mix_by_sex=1.0),
 }
 #: the knobs of the labelling process (the oracle's); the other knobs only shape the records
 ORACLE_KNOBS = ("bias_tab", "bias_text", "noise_scale")
@@ -161,6 +161,8 @@ def _knobs(lang: str, given: Mapping) -> dict:
     out.update({k: v for k, v in given.items() if v is not None})
     if not out["noise_scale"] > 0:
         raise ValueError(f"noise_scale must be > 0, got {out['noise_scale']}")
+    if not 0 <= out["case_mix_by_sex"] <= 5:
+        raise ValueError(f"knob case_mix_by_sex must be in [0, 5], got {out['case_mix_by_sex']}")
     for k, v in out.items():
         if k.startswith("share_") or k in ("no_cue_share", "typo_rate"):
             if not 0 <= v <= 1:
@@ -324,6 +326,24 @@ _PROTECTED = ({w for pair in _FR_AGREE for w in pair} | _EN_F | _EN_M |
               {"patient", "patiente", "madame", "monsieur", "femme", "homme", "elle", "mademoiselle", "père", "mère",
                "father", "mother", "widow", "widower", "gentleman", "grandfather", "grandmother"})
 
+
+# %% ../nbs/0_shared/03_synth.ipynb #8768fd34
+#: The case mix by sex at `case_mix_by_sex` = 1 (scaled linearly by the knob): women's extra age (years) and systolic
+#: pressure (mmHg), and the log female:male frequency ratio $\lambda$ of complaint classes (by group, then by class).
+CASE_MIX_BY_SEX = dict(
+    age_gap=4.0, sbp_female=-3.0,
+    log_ratio_group={"trauma": -0.4},
+    log_ratio_class={"TRAU05": 0.3, "TRAU07": -0.9, "TOXI02": -0.9, "CARD03": -0.6, "CARD01": -0.2, "URIN01": -0.4,
+                     "URIN02": 1.0, "NEUR02": 0.5, "NEUR05": 0.3, "PSYC01": 0.4, "DIGE01": 0.3, "RHUM02": 0.2})
+
+def class_weights(lang: str, sex: str, case_mix: float) -> np.ndarray:
+    "Sampling weights of `CC_CLASSES` for patients of `sex` (before the sex restriction): $w\\,e^{\\pm c\\lambda/2}$."
+    lam = CC_CLASSES.group.map(CASE_MIX_BY_SEX["log_ratio_group"]).fillna(0.0)
+    lam = CC_CLASSES.code.map(CASE_MIX_BY_SEX["log_ratio_class"]).fillna(lam).to_numpy(float)
+    sign = {"F": 0.5, "M": -0.5}[sex]
+    return CC_CLASSES[f"w_{lang}"].to_numpy(float) * np.exp(sign * case_mix * lam)
+
+# %% ../nbs/0_shared/03_synth.ipynb #ee34d438
 def _adult_age(u: np.ndarray, mean: float, sd: float) -> np.ndarray:
     "18 + 87 B, B ~ Beta with the given mean and SD of the adult age (inverse CDF of a uniform: stream-stable)."
     m, v = (mean - 18) / 87, (sd / 87) ** 2
@@ -332,12 +352,20 @@ def _adult_age(u: np.ndarray, mean: float, sd: float) -> np.ndarray:
         raise ValueError(f"age_mean={mean}, age_sd={sd} cannot be reached by an adult age on 18-105")
     return 18 + 87 * beta.ppf(u, m * k, (1 - m) * k)
 
-def _pick_class(u: np.ndarray, sex: np.ndarray, sexspec: np.ndarray, lang: str) -> np.ndarray:
-    "Complaint class by inverse CDF of the weights allowed for (sex, sex-specific or not)."
+def _age_by_sex(u: np.ndarray, female: np.ndarray, kn: dict) -> np.ndarray:
+    "Adult ages, women older than men by `age_gap` $\\times c$ years, the mean over both sexes kept at `age_mean`."
+    gap, sf = CASE_MIX_BY_SEX["age_gap"] * kn["case_mix_by_sex"], kn["share_female"]
+    out = np.empty(len(u))
+    out[female] = _adult_age(u[female], kn["age_mean"] + gap * (1 - sf), kn["age_sd"])
+    out[~female] = _adult_age(u[~female], kn["age_mean"] - gap * sf, kn["age_sd"])
+    return out
+
+def _pick_class(u: np.ndarray, sex: np.ndarray, sexspec: np.ndarray, lang: str, case_mix: float = 0.0) -> np.ndarray:
+    "Complaint class by inverse CDF of the weights allowed for (sex, sex-specific or not), tilted by sex (`class_weights`)."
     out = np.empty(len(u), dtype=object)
-    w = CC_CLASSES[f"w_{lang}"].to_numpy(float)
     gen = (CC_CLASSES.group == "genital").to_numpy()
     for sx in ("F", "M"):
+        w = class_weights(lang, sx, case_mix)
         for ss in (False, True):
             ok = (gen == ss) & (CC_CLASSES.sex.isna() | (CC_CLASSES.sex == sx)).to_numpy()
             codes = CC_CLASSES.code.to_numpy()[ok]
@@ -348,6 +376,7 @@ def _pick_class(u: np.ndarray, sex: np.ndarray, sexspec: np.ndarray, lang: str) 
 
 def _sigmoid(x):
     return 1 / (1 + math.exp(-x))
+
 
 # %% ../nbs/0_shared/03_synth.ipynb #2a890165
 class _Slots(dict):
@@ -541,9 +570,10 @@ def _draws(lang: str, seed: int, b: int, kn: dict) -> dict:
     d = dict(u=u, z=z, note_seed=int(rng.integers(0, 2**62)), idx=b * B + np.arange(B))
     sex = np.where(u[:, 0] < kn["share_female"], "F", "M")
     minor = u[:, 1] < kn["share_minor"]
-    age = np.where(minor, 14 + np.floor(u[:, 18] * 4), np.floor(_adult_age(u[:, 18], kn["age_mean"], kn["age_sd"])))
+    cm, female = kn["case_mix_by_sex"], sex == "F"
+    age = np.where(minor, 14 + np.floor(u[:, 18] * 4), np.floor(_age_by_sex(u[:, 18], female, kn)))
     sexspec = u[:, 2] < kn["share_sex_specific_cc"]
-    cc = _pick_class(u[:, 3], sex, sexspec, lang)
+    cc = _pick_class(u[:, 3], sex, sexspec, lang, cm)
     cls = CC_CLASSES.set_index("code").loc[cc]
     group = cls.group.to_numpy()
     h = z[:, 0] + np.where(cc == "TRAU07", 1.0, 0.0)
@@ -552,7 +582,8 @@ def _draws(lang: str, seed: int, b: int, kn: dict) -> dict:
     load = np.array([_GROUP_LOAD.get(g, _LOAD_OTHER) for g in group], dtype=float)
     hr = np.clip(np.round(80 + 12 * z[:, 1] + load[:, 0] * sev), 30, 220)
     rr = np.clip(np.round(16 + 2 * z[:, 2] + load[:, 1] * sev), 6, 50)
-    sbp = np.clip(np.round(128 + 0.3 * (age - 50) + 16 * z[:, 3] + load[:, 2] * sev), 50, 250)
+    sbp_sex = CASE_MIX_BY_SEX["sbp_female"] * cm * female
+    sbp = np.clip(np.round(128 + 0.3 * (age - 50) + 16 * z[:, 3] + load[:, 2] * sev + sbp_sex), 50, 250)
     dbp = np.clip(np.round(0.55 * sbp + 8 + 7 * z[:, 8]), 25, 150)
     spo2 = np.clip(np.round(98 - np.abs(1.2 * z[:, 4]) + load[:, 3] * sev), 60, 100)
     temp = np.round(36.8 + 0.35 * z[:, 5] + load[:, 4] * sev, 1)
