@@ -9,12 +9,21 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
+from scipy.special import expit
 from scipy.stats import chi2_contingency
+from sklearn.compose import ColumnTransformer
+from sklearn.impute import SimpleImputer
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import OneHotEncoder, SplineTransformer, StandardScaler
 
 from ..rewrite import counterfactual_texts
 
 # %% auto #0
-__all__ = ['NULL_MODELS', 'other_sex_rewrites', 'permute_sex', 'sex_level_association', 'null_counts', 'null_training_seed']
+__all__ = ['CASE_MIX_CATEGORICAL', 'CASE_MIX_NUMERIC', 'NULL_PERMUTATIONS', 'NULL_MODELS', 'other_sex_rewrites', 'rewritable',
+           'assign_sex', 'permute_sex', 'sex_level_association', 'sex_propensity', 'null_sexes', 'sex_case_mix_auc',
+           'null_counts', 'null_training_seed']
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
@@ -28,17 +37,14 @@ def other_sex_rewrites(records: pd.DataFrame, text_fields: list[str], lang: str)
     targets = [_OTHER[s] for s in records["sex"].astype(str)]
     return {f: counterfactual_texts([None if pd.isna(v) else v for v in records[f]], targets, lang) for f in text_fields}
 
-def permute_sex(records: pd.DataFrame, text_fields: list[str], lang: str, seed=0,
-                rewrites: dict | None = None) -> tuple[pd.DataFrame, dict]:
-    """(records with `sex` permuted among the records that $g$ can rewrite, their text fields rewritten to the new sex
-    where it changed; counts). Other records keep their sex and notes (`n_fixed`). `rewrites`: `other_sex_rewrites`
-    of the same records, when already computed."""
-    rewrites = other_sex_rewrites(records, text_fields, lang) if rewrites is None else rewrites
-    out = records.copy()
-    sex = records["sex"].astype(str).to_numpy()
-    eligible = np.array([all(rewrites[f][i].status in ("ok", "missing") for f in text_fields) for i in range(len(sex))], bool)
-    new_sex = sex.copy()
-    new_sex[eligible] = np.random.default_rng(seed).permutation(sex[eligible])
+# %% ../../nbs/1_audit/01_null_control.ipynb #ed2b4d61
+def rewritable(rewrites: dict, text_fields: list[str], n: int) -> np.ndarray:
+    "Which of the `n` records $g$ can rewrite in every text field (`other_sex_rewrites`): the ones a null may re-sex."
+    return np.array([all(rewrites[f][i].status in ("ok", "missing") for f in text_fields) for i in range(n)], bool)
+
+def assign_sex(records: pd.DataFrame, text_fields: list[str], new_sex, rewrites: dict) -> pd.DataFrame:
+    "`records` with `sex` = `new_sex`, the text fields of every record whose sex changed rewritten by $g$."
+    out, sex, new_sex = records.copy(), records["sex"].astype(str).to_numpy(), np.asarray(new_sex, dtype=object)
     changed = new_sex != sex
     for f in text_fields:
         col = out[f].astype(object).to_numpy().copy()
@@ -46,10 +52,27 @@ def permute_sex(records: pd.DataFrame, text_fields: list[str], lang: str, seed=0
             col[i] = rewrites[f][i].text
         out[f] = pd.array(col, dtype=records[f].dtype)
     out["sex"] = pd.array(new_sex, dtype=records["sex"].dtype)
+    return out
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #98a30734
+def permute_sex(records: pd.DataFrame, text_fields: list[str], lang: str, seed=0,
+                rewrites: dict | None = None, new_sex=None) -> tuple[pd.DataFrame, dict]:
+    """(records with `sex` permuted uniformly among the records that $g$ can rewrite, or set to `new_sex` (a conditional
+    draw, below), their text fields rewritten where the sex changed; counts). Other records keep their sex and notes
+    (`n_fixed`). `rewrites`: `other_sex_rewrites` of the same records, when already computed."""
+    rewrites = other_sex_rewrites(records, text_fields, lang) if rewrites is None else rewrites
+    sex = records["sex"].astype(str).to_numpy()
+    eligible = rewritable(rewrites, text_fields, len(sex))
+    if new_sex is None:
+        new_sex = sex.copy()
+        new_sex[eligible] = np.random.default_rng(seed).permutation(sex[eligible])
+    new_sex = np.asarray(new_sex, dtype=object)
+    if (new_sex[~eligible] != sex[~eligible]).any() or sorted(new_sex) != sorted(sex):
+        raise ValueError("permute_sex: new_sex must permute the sexes of the rewritable records only")
     counts = dict(n_records=len(sex), n_eligible=int(eligible.sum()), n_fixed=int((~eligible).sum()),
-                  n_sex_changed=int(changed.sum()), female_share_before=float((sex == "F").mean()),
+                  n_sex_changed=int((new_sex != sex).sum()), female_share_before=float((sex == "F").mean()),
                   female_share_after=float((new_sex == "F").mean()))
-    return out, counts
+    return assign_sex(records, text_fields, new_sex, rewrites), counts
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #468b398b
 def sex_level_association(records: pd.DataFrame) -> dict:
@@ -59,6 +82,81 @@ def sex_level_association(records: pd.DataFrame) -> dict:
         return dict(cramers_v=float("nan"), chi2_p=float("nan"))
     chi2, p, _, _ = chi2_contingency(tab.to_numpy(), correction=False)
     return dict(cramers_v=float(np.sqrt(chi2 / (tab.to_numpy().sum() * (min(tab.shape) - 1)))), chi2_p=float(p))
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #3fa5cbcf
+#: The case-mix columns `sex_propensity` reads, where the cohort has them (an all-missing column is left out).
+CASE_MIX_CATEGORICAL = ("cc_code", "arrival_mode")
+CASE_MIX_NUMERIC = ("hr", "rr", "sbp", "dbp", "spo2", "temp_c", "gcs", "pain")
+
+def _propensity_model(records: pd.DataFrame) -> tuple[Pipeline, list[str]]:
+    "The unfitted propensity pipeline and the columns it reads."
+    has = lambda c: c in records.columns and records[c].notna().any()
+    cat, num = [c for c in CASE_MIX_CATEGORICAL if has(c)], [c for c in CASE_MIX_NUMERIC if has(c)]
+    parts = [("cat", OneHotEncoder(handle_unknown="infrequent_if_exist", min_frequency=10), cat),
+             ("num", make_pipeline(SimpleImputer(strategy="median", add_indicator=True), StandardScaler()), num)]
+    if has("age"):
+        parts.append(("age", make_pipeline(SimpleImputer(strategy="median"), SplineTransformer(n_knots=5)), ["age"]))
+    pipe = make_pipeline(ColumnTransformer([p for p in parts if p[2]]), LogisticRegression(C=1.0, max_iter=2000))
+    return pipe, cat + num + (["age"] if has("age") else [])
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #7986bbdb
+def sex_propensity(records: pd.DataFrame) -> np.ndarray:
+    "$\\hat q(x_i) = \\hat P(S_i = F \\mid x_i)$ of every record from its case mix (the logistic regression above)."
+    sex = records["sex"].astype(str).to_numpy()
+    if set(sex) - {"F", "M"} or len(set(sex)) < 2:
+        raise ValueError(f"sex_propensity: sex must be F/M with both present, got {sorted(set(sex))}")
+    pipe, cols = _propensity_model(records)
+    if not cols:
+        return np.full(len(sex), (sex == "F").mean())
+    X = records[cols].astype({c: object for c in cols if c in CASE_MIX_CATEGORICAL})
+    X = X.fillna({c: "missing" for c in cols if c in CASE_MIX_CATEGORICAL})
+    return pipe.fit(X, sex == "F").predict_proba(X)[:, 1]
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #a8e1fd6b
+def _sweeps(female: np.ndarray, logit_q: np.ndarray, n_sweeps: int, rng: np.random.Generator) -> np.ndarray:
+    "`n_sweeps` sweeps of the pairwise sampler: random pairs, a pair's sexes swapped with probability $r/(1+r)$."
+    s, n = female.copy(), len(female)
+    for _ in range(n_sweeps):
+        perm = rng.permutation(n)
+        i, j = perm[0:2 * (n // 2):2], perm[1:2 * (n // 2):2]
+        log_r = (s[j].astype(float) - s[i]) * (logit_q[i] - logit_q[j])
+        swap = (s[i] != s[j]) & (rng.random(len(i)) < expit(log_r))
+        s[i[swap]], s[j[swap]] = s[j[swap]], s[i[swap]]
+    return s
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #ac35b5fc
+NULL_PERMUTATIONS = ("conditional", "uniform")
+
+def null_sexes(records: pd.DataFrame, eligible: np.ndarray, n_copies: int, seed: int, method: str = "conditional",
+               n_sweeps: int = 50, q: np.ndarray | None = None) -> list[np.ndarray]:
+    """`n_copies` draws of the records' sexes for null emulators, among the `eligible` records: `conditional` (Berrett
+    et al.'s exchangeable scheme with $\\hat q$ = `q` or `sex_propensity`) or `uniform` (copy $k$: seed [seed, k])."""
+    if method not in NULL_PERMUTATIONS:
+        raise ValueError(f"null_permutation must be one of {NULL_PERMUTATIONS}, got {method!r}")
+    sex = records["sex"].astype(str).to_numpy().astype(object)
+    if method == "uniform":
+        return [np.where(eligible, _uniform(sex, eligible, [int(seed), k]), sex) for k in range(n_copies)]
+    sub = records.loc[eligible] if eligible.any() else records.iloc[:0]
+    qe = np.clip(sex_propensity(sub) if q is None else np.asarray(q, float)[eligible], 1e-6, 1 - 1e-6)
+    rng, logit_q = np.random.default_rng([int(seed), 7919]), np.log(qe / (1 - qe))
+    hub = _sweeps(sex[eligible] == "F", logit_q, n_sweeps, rng)
+    out = []
+    for _ in range(n_copies):
+        s = sex.copy()
+        s[eligible] = np.where(_sweeps(hub, logit_q, n_sweeps, rng), "F", "M")
+        out.append(s)
+    return out
+
+def _uniform(sex: np.ndarray, eligible: np.ndarray, seed) -> np.ndarray:
+    out = sex.copy()
+    out[eligible] = np.random.default_rng(seed).permutation(sex[eligible])
+    return out
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #2cc1631a
+def sex_case_mix_auc(sex, q) -> float:
+    "How much case-mix signal a sex column carries: the AUC of $\\hat q$ (`sex_propensity`) for $S = F$ (0.5: none)."
+    female = np.asarray(sex, dtype=object) == "F"
+    return float(roc_auc_score(female, q)) if 0 < female.sum() < len(female) else float("nan")
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #7d3b61f5
 #: The emulators that can have null emulators (stage 05_emulator: FT; 06_baselines: FS, RF, MLP).
