@@ -22,7 +22,9 @@ from statsmodels.stats.contingency_tables import cochrans_q, mcnemar
 from statsmodels.stats.multitest import multipletests
 
 from ..core import save_figure, sha256_text, write_table
-from .measures import complaint_categories
+from ..data import load_manifest, load_records
+from .measures import (complaint_categories, load_design, load_templates, make_vignettes,
+                                        select_vignettes)
 
 # %% auto #0
 __all__ = ['YB_VARIANTS', 'YB_REFERENCE', 'YB_LABELLED', 'FROM_PROBE_VARIANT', 'ESI_LEVELS', 'ANSWER_COLUMNS',
@@ -34,7 +36,7 @@ __all__ = ['YB_VARIANTS', 'YB_REFERENCE', 'YB_LABELLED', 'FROM_PROBE_VARIANT', '
            'transitions_table', 'boundary_crossings', 'cohens_h', 'mcnemar_paired', 'pairwise_table', 'omnibus_tests',
            'information_table', 'strata_table', 'difficulty_table', 'sensitivity_scores', 'sensitivity_row',
            'review_list', 'tests_table', 'audit_model', 'models_missing', 'audit_answers', 'figure_ranking',
-           'figure_change_heatmap', 'write_triager_outputs']
+           'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes', 'audit_yentlbench']
 
 # %% ../../nbs/2_margins/02_triager.ipynb #45164409
 YB_VARIANTS = ("nb_ambiguous", "female", "male", "nb_label_only")
@@ -598,7 +600,7 @@ def figure_ranking(ranking: pd.DataFrame):
         err = [r[col] - r[f"{col}_ci_low"], r[f"{col}_ci_high"] - r[col]]
         ax.errorbar(r[col], yv + (0.15 if mk == "s" else 0), xerr=np.nan_to_num(err), fmt=mk, capsize=3, label=lab)
     ax.set_yticks(yv, r["model"]); ax.set_xlabel("share of vignettes (95% CI, patients resampled)")
-    ax.set_title("Sex sensitivity of the written triage level"); ax.legend(loc="lower right")
+    ax.set_title("Sex sensitivity of the written triage level"); ax.legend(loc="upper right")
     fig.tight_layout()
     return fig
 
@@ -621,3 +623,29 @@ def write_triager_outputs(tables: dict, tables_dir: str | Path, figures_dir: str
         out[f"figure_{name}"] = save_figure(fig, figures_dir, f"{prefix}_{name}")
         plt.close(fig)
     return out
+
+# %% ../../nbs/2_margins/02_triager.ipynb #dfc5b75e
+def seed_vignettes(dataset: str = "mimic-iv-ed-demo", root: str | Path | None = None) -> pd.DataFrame:
+    "The chain's `seed001` vignettes of `dataset` (one row per vignette and variant, as `vignettes.csv`)."
+    manifest = load_manifest(dataset)
+    records = load_records(dataset, root=root)[0]
+    design, _ = load_design("seed001")
+    kept = select_vignettes(records, design, manifest["language"])[0]
+    return make_vignettes(kept, manifest["triage_scale"], load_templates(lang=manifest["language"]))
+
+def audit_yentlbench(folder: str | Path, n_boot: int = 1000, seed: int = 0, check: bool = True,
+                     root: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
+    "(answer table, audit tables) of a folder of YentlBench run files, vignettes matched to the chain's when possible."
+    answers = read_yentlbench(folder)
+    summary = {"checked_against": "chain seed001 vignettes of mimic-iv-ed-demo", "remark": ""}
+    try:
+        if not check:
+            raise FileNotFoundError("check not asked for (--no-check)")
+        match, counts = match_chain_vignettes(answers, seed_vignettes(root=root))
+        answers = with_patients(answers, match)
+        summary.update(counts)
+    except FileNotFoundError as e:
+        summary["remark"] = f"not checked: {str(e).splitlines()[0]}; each vignette is its own bootstrap cluster"
+    tables = audit_answers(answers, n_boot=n_boot, seed=seed)
+    tables["vignette_match"] = pd.DataFrame([summary])
+    return answers, tables
