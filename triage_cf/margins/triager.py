@@ -557,9 +557,10 @@ def models_missing(levels: dict, info: dict) -> pd.Series:
 
 # %% ../../nbs/2_margins/02_triager.ipynb #182d59d7
 def audit_answers(answers: pd.DataFrame, levels: Sequence[int] = ESI_LEVELS, n_boot: int = 1000, seed: int = 0,
-                  difficulty: dict | None = None) -> dict:
+                  difficulty: dict | None = None, strict: bool = True) -> dict:
     """Every table of the decision audit of an answer table. `difficulty`: {name: {model: per-vignette values}}
-    (e.g. the probe's reference ΔM); across several models the number of models missing the nurse's level is added."""
+    (e.g. the probe's reference ΔM); across several models the number of models missing the nurse's level is added.
+    When no model has a complete case: an error, or (`strict=False`, the probe stage) the two counting tables only."""
     out = {"parse_status": parse_status_table(answers)}
     excl, lv, inf = [], {}, {}
     for m in sorted(answers["model"].unique()):
@@ -568,6 +569,8 @@ def audit_answers(answers: pd.DataFrame, levels: Sequence[int] = ESI_LEVELS, n_b
         if not row["excluded_model"]:
             lv[m], inf[m] = P, info
     out["exclusions"] = pd.DataFrame(excl)
+    if not lv and not strict:
+        return out
     if not lv:
         raise ValueError(f"no model has a vignette with a usable level in every variant {YB_VARIANTS}: "
                          + "; ".join(f"{r['model']}: {r['reason']}" for r in excl))
@@ -618,6 +621,8 @@ def write_triager_outputs(tables: dict, tables_dir: str | Path, figures_dir: str
                           prefix: str = "triager") -> dict:
     "Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}."
     out = {k: write_table(t, tables_dir, f"{prefix}_{k}") for k, t in tables.items()}
+    if "ranking" not in tables:
+        return out
     for name, fig in (("ranking", figure_ranking(tables["ranking"])),
                       ("change_heatmap", figure_change_heatmap(tables["change_vs_reference"]))):
         out[f"figure_{name}"] = save_figure(fig, figures_dir, f"{prefix}_{name}")
