@@ -7,6 +7,10 @@ offline SmolLM2-135M-Instruct on the local backend, so the bare command works on
 model or any OpenAI-compatible server (API key from the environment variable OPENAI_API_KEY only); they become the
 stage parameters `pm_backend`, `pm_model` and `pm_base_url` of the run (recorded in run.json).
 
+`triage-cf triager --yentlbench DIR --out DIR` (or `--probe-run RUN`) runs YentlBench's decision audit of the written
+level (`nbs/2_margins/02_triager.ipynb`) on a folder of YentlBench `*.run.json` files (or on a chain run's probe rows),
+writing one CSV per analysis under `tables/`, two figures under `figures/` and the answer table under `data/`.
+
 `triage-cf margins --answers FILE --out DIR` analyses margins computed elsewhere (an answers file: JSON lines, one per
 vignette x variant x branch, the format the stage writes to `data/margins_answers.jsonl`) into the stage's tables,
 figures and DuckDB rows; a malformed line is refused with its line number.
@@ -26,6 +30,7 @@ from ..chain import StageFailed, reproduce
 from ..core import run_dir_for, sha256_file, write_table
 from ..data import load_manifest
 from .probe import MarginStore, ProbeSettings, analyse_answers, write_margin_outputs
+from .triager import answers_from_probe, audit_answers, audit_yentlbench, write_triager_outputs
 
 #: Stage parameters set by the command's options.
 OPTION_PARAMS = {"backend": "pm_backend", "model": "pm_model", "base_url": "pm_base_url"}
@@ -72,6 +77,7 @@ def register(subparsers) -> None:
     p.add_argument("--force", action="store_true", help="re-run every stage")
     p.set_defaults(func=_cmd_probe_margins)
     register_margins(subparsers)
+    register_triager(subparsers)
 
 
 # --- `triage-cf margins --answers FILE`: margins computed elsewhere -------------------------------------------------------
@@ -140,3 +146,58 @@ def register_margins(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--model", default=None, help="model name of the tables (default: the file's `model` field)")
     p.set_defaults(func=_cmd_margins)
+
+
+# --- `triage-cf triager`: the decision audit of YentlBench's runs or of a probe run ----------------------------------------
+
+def _probe_answers(run: Path) -> pd.DataFrame:
+    "The answer table of a chain run's probe rows (data/margins.duckdb; chief complaints from data/vignettes.csv)."
+    db = run / "data" / "margins.duckdb"
+    if not db.is_file():
+        raise ValueError(f"{db} not found: run the margins stages first (triage-cf probe-margins)")
+    with MarginStore(db) as store:
+        exp = store.table("experiments")
+        if exp.empty:
+            raise ValueError(f"{db}: no experiment")
+        last = exp.sort_values("created_utc").iloc[-1]
+        vm = store.table("vignette_metrics", last["experiment_id"])
+    vig_path = run / "data" / "vignettes.csv"
+    vig = pd.read_csv(vig_path, dtype={"vignette_id": str}) if vig_path.is_file() else None
+    return answers_from_probe(vm, str(last["model"]), vig)
+
+
+def _cmd_triager(args) -> int:
+    out = Path(args.out)
+    try:
+        if args.yentlbench:
+            answers, tables = audit_yentlbench(args.yentlbench, n_boot=args.n_boot, seed=args.seed,
+                                               check=not args.no_check)
+        else:
+            answers = _probe_answers(Path(args.probe_run))
+            tables = audit_answers(answers, n_boot=args.n_boot, seed=args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_table(answers, out / "data", "triager_answers")
+    write_triager_outputs(tables, out / "tables", out / "figures", prefix="triager")
+    ex = tables["exclusions"]
+    print(f"triage-cf triager: {answers['model'].nunique()} model(s), {len(answers)} answers, "
+          f"{int((answers['parse_status'] != 'ok').sum())} without a usable level; "
+          f"{int(ex['excluded_model'].sum())} model(s) excluded; tables: {out / 'tables'}; figures: {out / 'figures'}")
+    return 0
+
+
+def register_triager(subparsers) -> None:
+    "Add the `triager` subcommand (YentlBench's decision audit) to the `triage-cf` parser."
+    p = subparsers.add_parser("triager", help="an LLM as the triager: YentlBench's decision audit of the written level "
+                              "(their runs, or a chain run's probe rows)",
+                              description="Decision audit of the written level (nbs/2_margins/02_triager.ipynb).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--yentlbench", default=None, help="folder of YentlBench *.run.json files")
+    src.add_argument("--probe-run", dest="probe_run", default=None, help="a chain run folder (data/margins.duckdb)")
+    p.add_argument("--out", required=True, help="output folder (tables/, figures/, data/)")
+    p.add_argument("--no-check", dest="no_check", action="store_true",
+                   help="do not match the vignettes against the chain's (mimic-iv-ed-demo under the data root)")
+    p.add_argument("--n-boot", dest="n_boot", type=int, default=1000, help="cluster-bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.set_defaults(func=_cmd_triager)
