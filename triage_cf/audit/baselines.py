@@ -221,10 +221,11 @@ def _stratify_ok(y: np.ndarray, n_test: int) -> bool:
 
 def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int], seed: int = 42,
                  search_frac: float = 0.5, param_grid: Mapping | None = None, cv: int = 3, n_jobs: int = 1,
-                 fixed_params: Mapping | None = None):
+                 fixed_params: Mapping | None = None, search_max: int | None = 4000):
     """(TF-IDF + random forest pipeline refitted on all of `texts`, search report) with hyperparameters chosen by
-    `cv`-fold CV ($\\kappa_w$) on a stratified `search_frac` sub-partition of the training texts, or `fixed_params`
-    (no search: a null emulator trained with the real model's hyperparameters)."""
+    `cv`-fold CV ($\\kappa_w$) on a stratified `search_frac` sub-partition of the training texts (at most `search_max`
+    records: the grid's ranking is settled well before, and the search would dominate a large cohort's audit), or
+    `fixed_params` (no search: the hyperparameters the audit chose once for the real RF and its null emulators)."""
     texts = list(texts)
     y = _check_labels(labels, levels, "RF training labels")
     if len(texts) != len(y):
@@ -240,6 +241,7 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
     idx = np.arange(len(texts))
     if search_frac < 1:
         n_search = int(round(search_frac * len(idx)))
+        n_search = n_search if search_max is None else min(n_search, int(search_max))
         strat = y if _stratify_ok(y, len(idx) - n_search) else None
         idx = train_test_split(idx, train_size=n_search, random_state=seed, stratify=strat)[0]
     scorer = make_scorer(cohen_kappa_score, weights="quadratic", labels=[int(l) for l in levels])

@@ -26,13 +26,13 @@ __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONA
            'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'PRETRAINING_METRICS',
            'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'PERMUTATION_COLUMNS', 'TEST_COLUMNS',
            'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'FIGURE4_METRICS', 'pdr', 'p_up', 'p_down', 'dts',
-           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'bootstrap_metrics',
-           'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict', 'fitness_table',
-           'add_fitness', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts', 'or_by_level',
-           'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison', 'add_null_columns',
-           'null_false_positive', 'mde', 'null_test', 'training_ci', 'permutation_test', 'add_test_columns',
-           'add_level_tests', 'impact_table', 'figure3_forest', 'figure4_audited_models', 'read_pairs_csv',
-           'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
+           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'expected_level', 'nmdf_expected',
+           'bootstrap_metrics', 'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict',
+           'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts',
+           'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison',
+           'add_null_columns', 'null_false_positive', 'mde', 'null_test', 'training_ci', 'permutation_test',
+           'add_test_columns', 'add_level_tests', 'impact_table', 'figure3_forest', 'figure4_audited_models',
+           'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -115,6 +115,20 @@ def point_metrics(orig_sex, pred_orig, pred_cf) -> dict[str, float]:
             **{f"P_{k}_{d}": (p_up if k == "up" else p_down)(*a, d) for d in DIRECTIONS for k in ("up", "down")},
             "DTS_M_to_F": dts(*a, "M_to_F"), "DTS_F_to_M": dts(*a, "F_to_M"),
             "NATS_up": nats_up(*a), "NATS_down": nats_down(*a), "NMDF": nmdf(*a), "female_skew": female_skew(*a)}
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #4143d457
+def expected_level(p, levels) -> np.ndarray:
+    "$E_p[Y] = \\sum_k k\\,p_k$ of each row of the probability array `p` (columns: `levels`)."
+    p = np.asarray(p, dtype=float)
+    if p.ndim != 2 or p.shape[1] != len(levels):
+        raise ValueError(f"expected_level: p has shape {p.shape}, not (n, {len(levels)}) for levels {list(levels)}")
+    return p @ np.asarray(levels, dtype=float)
+
+def nmdf_expected(orig_sex, e_orig, e_cf) -> float:
+    "$\\mathrm{NMDF}_E = E[E_p(\\text{female}) - E_p(\\text{male})]$ over all pairs, from each side's expected level."
+    s = np.asarray(orig_sex).astype(str)
+    eo, ec = np.asarray(e_orig, dtype=float), np.asarray(e_cf, dtype=float)
+    return _mean(np.where(s == "M", ec - eo, eo - ec))
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #9c7eeb2e
 _SUMS = ("n_M", "n_F", "up_M", "down_M", "up_F", "down_F", "fm")

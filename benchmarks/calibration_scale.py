@@ -1,0 +1,361 @@
+"""Benchmark: the audit's level and power against cohort size, case mix by sex and planted effect (issue 37).
+
+One *audit* = one synthetic cohort (language, `n_records`, `case_mix_by_sex`, planted scale, seed) taken through the
+chain's own functions, as the default profile does, with the audit design of this release:
+
+  01-03  records (`data.load_records`), cohort rules (`cohort.apply_cohort`), the 50/50 split;
+  04     null sexes by the conditional permutation (`null_control.null_sexes`, Berrett et al.) or the uniform shuffle,
+         K copies for the null emulators + one tuning copy; g rewrites every re-sexed record's notes;
+  06     the RF (TF-IDF + random forest): hyperparameters searched once on the tuning copy (`fit_rf_tfidf`, search capped
+         at 4,000 records), the real RF and the K null RFs trained with them, each null with its own training seed
+         (or the real one: `--shared-seed`);
+  07-08  the rule rewriter's counterfactual pairs of the test split (`counterfactuals.build_pairs`), scored by every RF
+         and by the oracle in the three views;
+  09     `metrics.permutation_test` (the argmax checks: primary = female skew / full view, 14 secondary checks with BH)
+         with `fitness_table` (the fitness verdict on `--fitness-n` test records), and the expected-level statistic
+         `NMDF_expected` (`metrics.nmdf_expected`) tested against the same null emulators (`metrics.null_test`).
+
+Scale 0 (nothing planted: bias_tab = bias_text = 0) gives the false-positive rates; scales 1, 2, 5 times the
+dataset's default knobs (params/synth-*.yaml) the power. The oracle's estimates on the same pairs are the truth
+(its argmax and expected-level metrics; attenuation = emulator estimate / oracle estimate).
+
+Each finished audit writes one JSON under the cache (skipped on rerun), and each model's pair predictions are cached,
+so a killed run resumes where it was. `summarise` pools the audits into benchmarks/results/calibration_scale.json
+(+ figure), labelled with what they cover.
+
+    nice -n 10 .venv/bin/python benchmarks/calibration_scale.py run --datasets synth-fr synth-en --sizes 3000 12000 \
+        --case-mix 0 1 2 --scales 0 1 2 5 --seeds 4 --K 9
+    .venv/bin/python benchmarks/calibration_scale.py summarise
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+RESULT = REPO / "benchmarks" / "results" / "calibration_scale.json"
+FIGURE = REPO / "benchmarks" / "results" / "calibration_scale.png"
+CACHE = Path(os.environ.get("CALIBRATION_SCALE_CACHE", "/tmp/calibration_scale_cache"))
+VERSION = 1   # bump when what shapes an audit's result changes
+SOFT = "NMDF_expected"
+
+
+def audit_key(a: dict) -> str:
+    return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}"
+            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", **a))
+
+
+def synth_knobs(dataset: str, n_records: int, case_mix: float, scale: float) -> dict:
+    "The default profile's generator knobs with the bias knobs scaled and the case mix set."
+    from triage_cf.core import load_params
+    base = dict(load_params(dataset, "default")["synth"])
+    return {**base, "n_records": int(n_records), "case_mix_by_sex": float(case_mix),
+            "bias_tab": scale * float(base["bias_tab"]), "bias_text": scale * float(base["bias_text"])}
+
+
+def cohort(a: dict, fitness_n: int) -> dict:
+    "Stages 01-03 and the pairs of stage 07 for one audit (the chain's functions)."
+    from null_calibration import build_cohort
+    return build_cohort(a["dataset"], a["seed"], synth_knobs(a["dataset"], a["n_records"], a["case_mix"], a["scale"]),
+                        0.5, fitness_n)
+
+
+def _cached_frame(path: Path, make) -> pd.DataFrame:
+    if path.exists():
+        return pd.read_parquet(path)
+    df = make()
+    tmp = path.with_suffix(".tmp")
+    df.to_parquet(tmp, index=False)
+    tmp.replace(path)
+    return df
+
+
+def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]], list[str], dict]:
+    "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws, g on re-sexed records."
+    from triage_cf.audit.baselines import record_texts
+    from triage_cf.audit.null_control import (null_sexes, other_sex_rewrites, permute_sex, rewritable, sex_case_mix_auc,
+                                              sex_propensity)
+    t = time.perf_counter()
+    train, lang, tf = d["train"], d["lang"], d["text_fields"]
+    rewrites = other_sex_rewrites(train, tf, lang)
+    eligible = rewritable(rewrites, tf, len(train))
+    q = np.full(len(train), np.nan)
+    q[eligible] = sex_propensity(train.loc[eligible])
+    sexes = null_sexes(train, eligible, a["K"] + 1, a["seed"], method=a["null"], q=q)
+    texts = [record_texts(permute_sex(train, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
+             for s in sexes]
+    auc = [sex_case_mix_auc(np.asarray(s, dtype=object)[eligible], q[eligible]) for s in sexes]
+    timing["null_sexes_s"] = round(time.perf_counter() - t, 1)
+    diag = dict(n_eligible=int(eligible.sum()), auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible],
+                q[eligible]), auc_after_mean=float(np.mean(auc)))
+    return texts[:-1], texts[-1], diag
+
+
+def score_pairs(model, d: dict, levels) -> pd.DataFrame:
+    "Pair predictions of one RF in the three views (rendered texts cached in `d`: the same for every model)."
+    from triage_cf.audit.baselines import proba_by_level
+    from triage_cf.audit.emulator import proba_frame
+    from triage_cf.audit.predict import text_model_pair_predictions
+    if "pair_texts" not in d:
+        got = []
+        frame = text_model_pair_predictions(lambda t: (got.append(list(t)), np.zeros((len(t), len(levels))))[1],
+                                            d["pairs"], d["text_fields"], levels, d["lang"])
+        d["pair_texts"], d["pair_keys"] = [x for t in got for x in t], frame[["pair_id", "record_id", "view", "side"]]
+    return pd.concat([d["pair_keys"], proba_frame(proba_by_level(model, d["pair_texts"], levels), levels)], axis=1)
+
+
+def with_expected(pred: pd.DataFrame, d: dict, name: str, levels) -> pd.DataFrame:
+    "`pairs_for_metrics` with each side's expected level (`exp_orig`, `exp_cf`)."
+    from triage_cf.audit.metrics import expected_level
+    from triage_cf.audit.predict import pairs_for_metrics
+    long = pairs_for_metrics(pred, d["ok"], name)
+    e = pred.assign(e=expected_level(pred[[f"p_{l}" for l in levels]].to_numpy(), levels)).set_index(["view", "pair_id", "side"])["e"]
+    idx = list(zip(long.condition, long.pair_id))
+    long["exp_orig"] = e.reindex([(v, p, "orig") for v, p in idx]).to_numpy()
+    long["exp_cf"] = e.reindex([(v, p, "cf") for v, p in idx]).to_numpy()
+    return long
+
+
+def soft_checks(real: pd.DataFrame, nulls: pd.DataFrame, oracle: pd.DataFrame, fit: bool, alpha: float = 0.05) -> list:
+    "`NMDF_expected` per view of the real RF against its K null RFs (`null_test`), with the oracle's value."
+    from triage_cf.audit.metrics import nmdf_expected, null_test
+    stat = lambda g: nmdf_expected(g.orig_sex, g.exp_orig, g.exp_cf)
+    rows = []
+    for cond in ("full", "text_iso", "tab_iso"):
+        r, o = real[real.condition == cond], oracle[oracle.condition == cond]
+        nv = [stat(g) for _, g in nulls[nulls.condition == cond].groupby("null_id")]
+        t = null_test([stat(r)], nv, "two-sided", alpha)
+        rows.append(dict(condition=cond, metric=SOFT, estimate=float(t["estimate"]), null_mean=float(t["null_mean"]),
+                         null_sd=float(t["null_sd"]), effect=float(t["effect"]), p=float(t["p"]), mde=float(t["mde"]),
+                         significant=bool(t["p"] < alpha), finding=bool(fit and t["p"] < alpha),
+                         oracle_estimate=float(stat(o))))
+    return rows
+
+
+def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
+    "One RF audit (see the module's docstring); its JSON under the cache, returned as is when present."
+    from threadpoolctl import threadpool_limits
+    from triage_cf.audit.baselines import fit_rf_tfidf, proba_by_level, record_texts
+    from triage_cf.audit.emulator import proba_frame
+    from triage_cf.audit.metrics import fitness_table, permutation_test
+    from triage_cf.audit.predict import oracle_pair_predictions
+    from triage_cf.synth import oracle_proba
+    key = audit_key(a)
+    out = CACHE / f"{key}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    work = CACHE / "models" / key
+    work.mkdir(parents=True, exist_ok=True)
+    t0, timing = time.perf_counter(), {}
+    with threadpool_limits(1):
+        d = cohort(a, fitness_n)
+        timing["cohort_pairs_s"] = round(time.perf_counter() - t0, 1)
+        train, lang, tf, levels = d["train"], d["lang"], d["text_fields"], d["levels"]
+        y = train["triage_level"].astype(int).to_numpy()
+        null_texts, tune_texts, diag = null_training_sets(d, a, timing)
+        t = time.perf_counter()
+        _, search = fit_rf_tfidf(tune_texts, y, levels, seed=a["seed"])
+        best = search["best_params"]
+        timing["rf_search_s"] = round(time.perf_counter() - t, 1)
+        fits, preds = [], {}
+        for k, texts in [("real", record_texts(train, "full", lang, text_fields=tf))] + list(enumerate(null_texts)):
+            t = time.perf_counter()
+            seed_k = a["seed"] if (k == "real" or a["shared_seed"]) else a["seed"] + 1000 * (k + 1)
+            def make(texts=texts, seed_k=seed_k, k=k):
+                rf, _ = fit_rf_tfidf(texts, y, levels, seed=seed_k, fixed_params=best)
+                if k == "real":
+                    t2 = d["table2_test"]
+                    test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int)
+                                      .to_numpy()), proba_frame(proba_by_level(rf, record_texts(t2, "full", lang,
+                                      text_fields=tf), levels), levels)], axis=1)
+                    test.to_parquet(work / "real_test.parquet", index=False)
+                return score_pairs(rf, d, levels)
+            preds[k] = _cached_frame(work / f"pairs_{k}.parquet", make)
+            fits.append(round(time.perf_counter() - t, 1))
+        timing["rf_fit_score_s"] = fits
+        knobs = {k: v for k, v in synth_knobs(a["dataset"], a["n_records"], a["case_mix"], a["scale"]).items()
+                 if k != "n_records"}
+        orc = oracle_pair_predictions(d["pairs"], tf, levels, lang, knobs)
+        t2 = d["table2_test"]
+        op = oracle_proba(t2, lang, **knobs)[:, [l - 1 for l in levels]]
+        orc_test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int).to_numpy()),
+                              proba_frame(op / op.sum(1, keepdims=True), levels)], axis=1)
+    t = time.perf_counter()
+    real = with_expected(preds["real"], d, "RF", levels)
+    nulls = pd.concat([with_expected(preds[k], d, "RF", levels).assign(null_id=f"RF_null{k}") for k in range(a["K"])],
+                      ignore_index=True)
+    oracle = with_expected(orc, d, "oracle", levels)
+    fitness = fitness_table({"RF": pd.read_parquet(work / "real_test.parquet"), "oracle": orc_test}, levels,
+                            n_boot=n_boot, seed=a["seed"], kappa_floor=0.20, baseline_margin=0.10)
+    fit = bool(fitness.set_index("model").loc["RF", "fit_for_audit"])
+    cols = ["orig_sex", "pred_orig", "pred_cf", "pair_id", "condition", "true_level", "model"]
+    pt = permutation_test(real[cols], nulls[cols + ["null_id"]], fitness, n_boot=n_boot, seed=a["seed"])
+    from triage_cf.audit.metrics import point_metrics
+    orc_m = {c: point_metrics(g.orig_sex, g.pred_orig, g.pred_cf) for c, g in oracle.groupby("condition")}
+    checks = [dict(condition=r.condition, metric=r.metric, check=r.check, estimate=float(r.estimate),
+                   null_sd=float(r.null_sd), effect=float(r.effect), p=float(r.p), q=float(r.q),
+                   significant=None if pd.isna(r.significant) else bool(r.significant),
+                   finding=None if pd.isna(r.finding) else bool(r.finding), mde=float(r.mde),
+                   oracle_estimate=float(orc_m[r.condition][r.metric])) for r in pt.itertuples()]
+    timing["metrics_s"] = round(time.perf_counter() - t, 1)
+    f = fitness.set_index("model").loc["RF"]
+    res = dict(version=VERSION, key=key, **a, n_cohort=len(d["cohort"]), n_train=len(train), n_pairs=len(d["ok"]),
+               fitness_n=len(t2), kappa_w=float(f.kappa_w), fit_for_audit=fit, rf_params={k: str(v) for k, v in best.items()},
+               null_diagnostics=diag, checks=checks, soft_checks=soft_checks(real, nulls, oracle, fit),
+               timing=timing, wall_s=round(time.perf_counter() - t0, 1), cpu=platform.processor() or platform.machine())
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(out)
+    return res
+
+
+def tasks(args) -> list[dict]:
+    "Audits in the order they run: small cohorts first, nothing planted first within a size (its level is the gate)."
+    out = []
+    for n, ds, cm, x, s in itertools.product(args.sizes, args.datasets, args.case_mix, args.scales, range(args.seeds)):
+        out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
+                        K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed)))
+    return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
+
+
+def cmd_run(args) -> None:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    todo = tasks(args)
+    for i, a in enumerate(todo):
+        done = (CACHE / f"{audit_key(a)}.json").exists()
+        r = run_audit(a, args.fitness_n, args.n_boot)
+        prim = next(c for c in r["checks"] if c["check"] == "primary")
+        soft = next(c for c in r["soft_checks"] if c["condition"] == "full")
+        took = "cached" if done else f"{r['wall_s']:.0f} s"
+        print(f"[{i + 1}/{len(todo)}] {r['key']}: {took}; fit {r['fit_for_audit']} "
+              f"(kappa_w {r['kappa_w']:.2f}); primary p {prim['p']:.3f} ({prim['estimate']:+.3f}, oracle "
+              f"{prim['oracle_estimate']:+.3f}); {SOFT} p {soft['p']:.3f} ({soft['estimate']:+.4f}, oracle "
+              f"{soft['oracle_estimate']:+.4f})", flush=True)
+
+
+# ------------------------------------------------------------------ the summary: one row per cell
+def _rate(k: int, n: int) -> dict:
+    "k/n with its Clopper-Pearson 95% CI (statsmodels)."
+    from statsmodels.stats.proportion import proportion_confint
+    lo, hi = proportion_confint(k, n, method="beta") if n else (np.nan, np.nan)
+    return dict(k=int(k), n=int(n), rate=k / n if n else None, ci=[float(lo), float(hi)] if n else None)
+
+
+def _cell(rs: list[dict], alpha: float) -> dict:
+    "The measured figures of one cell's audits (only fit audits count for rates; unfit ones are counted)."
+    fit = [r for r in rs if r["fit_for_audit"]]
+    planted = rs[0]["scale"] > 0
+    out = dict(n_audits=len(rs), n_fit=len(fit), wall_s_median=float(np.median([r["wall_s"] for r in rs])),
+               n_pairs_median=float(np.median([r["n_pairs"] for r in rs])),
+               kappa_w_median=float(np.median([r["kappa_w"] for r in rs])))
+    raw = [c for r in fit for c in r["checks"] if np.isfinite(c["p"])]
+    out["raw_check_rate"] = _rate(sum(c["p"] < alpha for c in raw), len(raw))
+    out["finding_rate_any_check"] = _rate(sum(any(c["finding"] for c in r["checks"]) for r in fit), len(fit))
+    for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
+                       ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
+        cs = [pick(r) for r in fit]
+        sig = [c["p"] < alpha for c in cs]
+        same_sign = [c["p"] < alpha and np.sign(c["effect"]) == np.sign(c["oracle_estimate"]) for c in cs]
+        att = [c["estimate"] / c["oracle_estimate"] for c in cs if planted and c["oracle_estimate"] != 0]
+        out[name] = dict(metric=cs[0]["metric"] if cs else None, rate=_rate(sum(sig), len(cs)),
+                         power_oracle_sign=_rate(sum(same_sign), len(cs)) if planted else None,
+                         mde_median=float(np.median([c["mde"] for c in cs])) if cs else None,
+                         estimate_mean=float(np.mean([c["estimate"] for c in cs])) if cs else None,
+                         oracle_mean=float(np.mean([c["oracle_estimate"] for c in cs])) if cs else None,
+                         attenuation_mean=float(np.mean(att)) if att else None)
+    return out
+
+
+def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE, alpha: float = 0.05) -> dict:
+    "Pool the finished audits of the cache into the results JSON (and figure): per cell and per case mix pooled."
+    rs = [json.loads(p.read_text()) for p in sorted(cache.glob("v*.json"))]
+    rs = [r for r in rs if r.get("version") == VERSION]
+    key = lambda r: (r["null"], r["shared_seed"], r["dataset"], r["n_records"], r["case_mix"], r["scale"])
+    cells = []
+    for k, g in itertools.groupby(sorted(rs, key=key), key=key):
+        g = list(g)
+        cells.append(dict(zip(("null", "shared_seed", "dataset", "n_records", "case_mix", "scale"), k),
+                          K=g[0]["K"], seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
+    pooled = []
+    pk = lambda r: (r["null"], r["shared_seed"], r["case_mix"])
+    for k, g in itertools.groupby(sorted([r for r in rs if r["scale"] == 0], key=pk), key=pk):
+        g = list(g)
+        pooled.append(dict(zip(("null", "shared_seed", "case_mix"), k), sizes=sorted({r["n_records"] for r in g}),
+                           datasets=sorted({r["dataset"] for r in g}), **_cell(g, alpha)))
+    out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, model="RF", n_audits=len(rs),
+               machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+               covers=sorted({f"{r['dataset']} n={r['n_records']}" for r in rs}),
+               note=("Partial: the cells listed are the ones measured; sizes above those listed, the MLP arm and the "
+                     "FT emulator (GPU only) are not measured here."),
+               cells=cells, pooled_nothing_planted=pooled)
+    result.write_text(json.dumps(out, indent=1))
+    if cells:
+        figure_power(cells, figure)
+    return out
+
+
+def figure_power(cells: list[dict], path: Path) -> None:
+    "Power (oracle's sign) and the nothing-planted rate of the primary check against cohort size, per statistic."
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    df = pd.DataFrame([dict(null=c["null"], dataset=c["dataset"], n=c["n_records"], case_mix=c["case_mix"],
+                            scale=c["scale"], stat=s, rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"],
+                            mde=c[s]["mde_median"]) for c in cells for s in ("argmax", "expected") if c[s]["rate"]["n"]])
+    if df.empty:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (stat, scale), g in df[df["null"] == "conditional"].groupby(["stat", "scale"]):
+        g = g.groupby("n").rate.mean()
+        axes[0].plot(g.index, g.values, marker="o", ls="-" if stat == "expected" else "--",
+                     label=f"{'NMDF_expected' if stat == 'expected' else 'female skew (argmax)'}, x{scale:g}")
+    axes[0].axhline(0.05, color="grey", lw=0.8)
+    axes[0].set(xscale="log", xlabel="cohort size (records)", ylabel="rejection rate (planted: oracle's sign)",
+                title="RF: level (x0) and power, conditional null")
+    axes[0].legend(fontsize=7)
+    for stat, g in df[(df["null"] == "conditional") & (df["scale"] == 0)].groupby("stat"):
+        g = g.groupby("n").mde.median()
+        axes[1].plot(g.index, g.values, marker="o", label=stat)
+    axes[1].set(xscale="log", xlabel="cohort size (records)", ylabel="MDE (statistic's units)", title="RF: MDE")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--datasets", nargs="+", default=["synth-fr", "synth-en"])
+    r.add_argument("--sizes", nargs="+", type=int, default=[3000, 12000])
+    r.add_argument("--case-mix", nargs="+", type=float, default=[0.0, 1.0, 2.0])
+    r.add_argument("--scales", nargs="+", type=float, default=[0.0, 1.0, 2.0, 5.0])
+    r.add_argument("--seeds", type=int, default=4)
+    r.add_argument("--first-seed", type=int, default=1)
+    r.add_argument("--K", type=int, default=9)
+    r.add_argument("--null", choices=["conditional", "uniform"], default="conditional")
+    r.add_argument("--shared-seed", action="store_true")
+    r.add_argument("--fitness-n", type=int, default=1000)
+    r.add_argument("--n-boot", type=int, default=200)
+    s = sub.add_parser("summarise")
+    s.add_argument("--alpha", type=float, default=0.05)
+    args = ap.parse_args(argv)
+    if args.cmd == "run":
+        cmd_run(args)
+    else:
+        out = summarise(CACHE, RESULT, FIGURE, args.alpha)
+        print(f"{out['n_audits']} audits -> {RESULT.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
