@@ -20,19 +20,20 @@ from statsmodels.stats.contingency_tables import Table2x2
 from statsmodels.stats.multitest import multipletests
 
 from ..core import VIEWS, atomic_write_text
+from .predict import expected_level
 
 # %% auto #0
 __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'TABLE3_COLUMNS',
            'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'PRETRAINING_METRICS',
-           'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'PERMUTATION_COLUMNS', 'TEST_COLUMNS',
-           'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'FIGURE4_METRICS', 'pdr', 'p_up', 'p_down', 'dts',
-           'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics', 'expected_level', 'nmdf_expected',
-           'bootstrap_metrics', 'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict',
-           'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts',
-           'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison',
-           'add_null_columns', 'null_false_positive', 'mde', 'null_test', 'training_ci', 'permutation_test',
-           'add_test_columns', 'add_level_tests', 'impact_table', 'figure3_forest', 'figure4_audited_models',
-           'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
+           'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'EXPECTED_METRICS',
+           'PERMUTATION_COLUMNS', 'TEST_COLUMNS', 'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'FIGURE4_METRICS',
+           'pdr', 'p_up', 'p_down', 'dts', 'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics',
+           'nmdf_expected', 'bootstrap_metrics', 'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci',
+           'fitness_verdict', 'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2',
+           'or_table_from_counts', 'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null',
+           'null_comparison', 'add_null_columns', 'null_false_positive', 'mde', 'null_test', 'training_ci',
+           'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table', 'figure3_forest',
+           'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -117,13 +118,6 @@ def point_metrics(orig_sex, pred_orig, pred_cf) -> dict[str, float]:
             "NATS_up": nats_up(*a), "NATS_down": nats_down(*a), "NMDF": nmdf(*a), "female_skew": female_skew(*a)}
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #4143d457
-def expected_level(p, levels) -> np.ndarray:
-    "$E_p[Y] = \\sum_k k\\,p_k$ of each row of the probability array `p` (columns: `levels`)."
-    p = np.asarray(p, dtype=float)
-    if p.ndim != 2 or p.shape[1] != len(levels):
-        raise ValueError(f"expected_level: p has shape {p.shape}, not (n, {len(levels)}) for levels {list(levels)}")
-    return p @ np.asarray(levels, dtype=float)
-
 def nmdf_expected(orig_sex, e_orig, e_cf) -> float:
     "$\\mathrm{NMDF}_E = E[E_p(\\text{female}) - E_p(\\text{male})]$ over all pairs, from each side's expected level."
     s = np.asarray(orig_sex).astype(str)
@@ -243,7 +237,7 @@ def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: in
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #1eee325b
 REQUIRED_COLUMNS = ("pair_id", "orig_sex", "pred_orig", "pred_cf", "condition")
-OPTIONAL_COLUMNS = ("model", "true_level")
+OPTIONAL_COLUMNS = ("model", "true_level", "exp_orig", "exp_cf")   # exp_*: each side's expected level (`expected_level`)
 DEFAULT_MODEL = "model"
 
 def _examples(values, k: int = 3) -> str:
@@ -294,6 +288,12 @@ def validate_prediction_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.Dat
     out["model"] = _text_column(df["model"], "model", source) if "model" in df.columns else DEFAULT_MODEL
     if "true_level" in df.columns:
         out["true_level"] = _int_column(df["true_level"], "true_level", source)
+    for col in ("exp_orig", "exp_cf"):
+        if col in df.columns:
+            out[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+            if not np.isfinite(out[col]).all():
+                raise ValueError(f"{source}: column {col!r} has {int((~np.isfinite(out[col])).sum())} value(s) that "
+                                 f"are not finite numbers (e.g. {_examples(df[col][~np.isfinite(out[col])])})")
     dup = out.duplicated(["model", "condition", "pair_id"], keep=False)
     if dup.any():
         ex = out.loc[dup, ["model", "condition", "pair_id"]].drop_duplicates().head(3).to_dict("records")
@@ -654,6 +654,13 @@ def _replicates(df: pd.DataFrame, col: str, source: str) -> dict[str, pd.DataFra
     return {k: validate_prediction_pairs(g.drop(columns=col), f"{source} ({col} {k})") for k, g in df.groupby(ids, sort=True)}
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #ed84ae01
+def _expected_estimate(g: pd.DataFrame) -> dict:
+    "`NMDF_expected` of one pair set and its standard error over pairs (a mean's: sd / sqrt n), when it has `exp_*`."
+    if not {"exp_orig", "exp_cf"} <= set(g.columns):
+        return {}
+    d = np.where(g.orig_sex.to_numpy() == "M", g.exp_cf - g.exp_orig, g.exp_orig - g.exp_cf)
+    return {"NMDF_expected": float(d.mean()), "se_NMDF_expected": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else np.nan}
+
 def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) -> tuple[list, list]:
     "Per-set estimates of the real trainings and the null emulators, after checking they score the same pairs."
     est, keys = [], None
@@ -672,7 +679,7 @@ def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) 
                 theta, se = _set_estimates(g, n_boot if kind == "real" else 1, _group_rng(seed, kind, sid, model, cond))
                 est.append(dict(kind=kind, sid=sid, model=model, condition=cond, n_pairs=len(g),
                                 **{m: theta[METRICS.index(m)] for m in METRICS},
-                                **{f"se_{m}": se[METRICS.index(m)] for m in METRICS}))
+                                **{f"se_{m}": se[METRICS.index(m)] for m in METRICS}, **_expected_estimate(g)))
         if kind == "real":
             keys = {k: set(g.pair_id) for p in real.values() for k, g in p.groupby(["model", "condition"], sort=False)}
     return est
@@ -696,6 +703,9 @@ def _decide(t: pd.DataFrame, alpha: float) -> pd.DataFrame:
     return t
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #d11795da
+#: The checks on the probability vectors (secondary checks, where the pair tables carry `exp_orig` / `exp_cf`).
+EXPECTED_METRICS = ("NMDF_expected",)
+
 PERMUTATION_COLUMNS = ["model", "condition", "metric", "check", "estimate", "ci_low", "ci_high", "n_pairs", "n_real",
                        "n_null", "null_median", "null_q025", "null_q975", "null_sd", "effect", "p", "p_perm", "p_method",
                        "q", "significant", "fit_for_audit", "finding", "mde", "remark"]
@@ -713,7 +723,7 @@ def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.
     rows = []
     for (model, cond), g in est.groupby(["model", "condition"], sort=False):
         r, n = g[g.kind == "real"], g[g.kind == "null"]
-        for m in TESTED_METRICS:
+        for m in TESTED_METRICS + (EXPECTED_METRICS if "NMDF_expected" in g.columns else ()):
             t = null_test(r[m], n[m], _alternative(m), alpha, power)
             lo, hi = training_ci(r[m], r[f"se_{m}"], t["null_sd"], confidence)
             rows.append(dict(model=model, condition=cond, metric=m,

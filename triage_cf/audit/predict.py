@@ -17,8 +17,17 @@ from .emulator import predict_views, proba_frame
 from ..synth import oracle_proba
 
 # %% auto #0
-__all__ = ['pair_records', 'emulator_pair_predictions', 'oracle_pair_predictions', 'text_model_pair_predictions',
-           'pairs_for_metrics']
+__all__ = ['expected_level', 'pair_records', 'emulator_pair_predictions', 'oracle_pair_predictions',
+           'text_model_pair_predictions', 'pairs_for_metrics']
+
+# %% ../../nbs/1_audit/07_predict.ipynb #08afb7c5
+def expected_level(p, levels) -> np.ndarray:
+    "$E_p[Y] = \\sum_k k\\,p_k$ of each row of the probability array `p` (columns: `levels`)."
+    p = np.asarray(p, dtype=float)
+    if p.ndim != 2 or p.shape[1] != len(levels):
+        raise ValueError(f"expected_level: p has shape {p.shape}, not (n, {len(levels)}) for levels {list(levels)}")
+    return p @ np.asarray(levels, dtype=float)
+
 
 # %% ../../nbs/1_audit/07_predict.ipynb #3de5221d
 def pair_records(pairs: pd.DataFrame, text_fields: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -67,7 +76,10 @@ def text_model_pair_predictions(proba_of, pairs: pd.DataFrame, text_fields: list
     return pd.concat(frames, ignore_index=True)
 
 def pairs_for_metrics(preds: pd.DataFrame, pairs: pd.DataFrame, model: str) -> pd.DataFrame:
-    "The long pair table of `triage_cf.audit.metrics` (pair_id, orig_sex, pred_orig, pred_cf, condition, true_level, model)."
+    """The long pair table of `triage_cf.audit.metrics` (pair_id, orig_sex, pred_orig, pred_cf, condition, true_level,
+    model) and, where `preds` has the probability vectors (`p_<level>`), each side's expected level (`exp_orig`, `exp_cf`)."""
+    pcols = [c for c in preds.columns if c.startswith("p_") and c[2:].isdigit()]
+    preds = preds.assign(exp=expected_level(preds[pcols].to_numpy(float), [int(c[2:]) for c in pcols])) if pcols else preds
     o = preds[preds["side"] == "orig"].set_index(["view", "pair_id"])["pred"]
     c = preds[preds["side"] == "cf"].set_index(["view", "pair_id"])["pred"]
     if not o.index.equals(c.index) and not o.index.sort_values().equals(c.index.sort_values()):
@@ -77,4 +89,9 @@ def pairs_for_metrics(preds: pd.DataFrame, pairs: pd.DataFrame, model: str) -> p
     df["orig_sex"] = df["pair_id"].map(info["sex"]).astype(str)
     df["true_level"] = df["pair_id"].map(info["triage_level"]).astype(int)
     df["model"] = model
-    return df[["pair_id", "orig_sex", "pred_orig", "pred_cf", "condition", "true_level", "model"]]
+    if pcols:
+        e = preds.set_index(["side", "view", "pair_id"])["exp"]
+        df["exp_orig"] = e.loc["orig"].reindex(pd.MultiIndex.from_frame(df[["condition", "pair_id"]])).to_numpy()
+        df["exp_cf"] = e.loc["cf"].reindex(pd.MultiIndex.from_frame(df[["condition", "pair_id"]])).to_numpy()
+    return df[["pair_id", "orig_sex", "pred_orig", "pred_cf", "condition", "true_level", "model"] +
+              (["exp_orig", "exp_cf"] if pcols else [])]
