@@ -146,11 +146,14 @@ def _metrics_from_sums(S: np.ndarray) -> np.ndarray:
     return np.stack(out, axis=-1)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #ccb1e94f
-def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.random.Generator):
+def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.random.Generator, clusters=None):
     """Bootstrap the pairs once for one or more prediction sets on the *same* pairs.
     `diffs` is (N, V): y' - y of V views (models or conditions) of each pair. Returns (observed sums (V, 7),
-    resampled sums (V, B, 7), leave-one-out sums per category (V, K, 7), category counts (K,))."""
+    resampled sums (V, B, 7), leave-one-out sums per category (V, K, 7), category counts (K,)). With `clusters`
+    (a patient per pair) whole patients are resampled and left out (`_cluster_sums`)."""
     diffs = np.asarray(diffs, dtype=np.int64).reshape(len(is_male), -1)
+    if clusters is not None:
+        return _cluster_sums(is_male, diffs, n_boot, rng, clusters)
     keys = np.column_stack([is_male.astype(np.int64), diffs])
     cats, counts = np.unique(keys, axis=0, return_counts=True)
     n = int(counts.sum())
@@ -161,6 +164,20 @@ def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np
         o = counts.astype(np.float64) @ F
         obs.append(o); boot.append(draws @ F); jack.append(o[None, :] - F)
     return np.stack(obs), np.stack(boot), np.stack(jack), counts
+
+def _cluster_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.random.Generator, clusters):
+    "`_resampled_sums` resampling clusters: each patient's pairs summed, patients drawn with replacement (chunks of 100)."
+    codes, uniq = pd.factorize(np.asarray(clusters, dtype=object))
+    P = len(uniq)
+    Fc = np.zeros((diffs.shape[1], P, 7))
+    for v in range(diffs.shape[1]):
+        np.add.at(Fc[v], codes, _pair_sums(is_male, diffs[:, v]))
+    boot = np.zeros((diffs.shape[1], n_boot, 7))
+    for a in range(0, n_boot, 100):
+        draws = rng.multinomial(P, np.full(P, 1 / P), size=min(100, n_boot - a)).astype(np.float64)
+        boot[:, a:a + len(draws)] = np.einsum("bp,vpk->vbk", draws, Fc)
+    obs = Fc.sum(axis=1)
+    return obs, boot, obs[:, None, :] - Fc, np.ones(P, dtype=np.int64)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #98870aed
 def _ci(theta: np.ndarray, boot: np.ndarray, jack: np.ndarray, jack_w: np.ndarray, method: str, confidence: float):
@@ -220,16 +237,17 @@ def _metric_rows(theta, lo, hi, n_left, undefined, n_by_dir, n_boot, n_total) ->
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #64a325ac
 def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: int | np.random.Generator = 0,
-                      ci_method: str = "percentile", confidence: float = 0.95) -> pd.DataFrame:
+                      ci_method: str = "percentile", confidence: float = 0.95, clusters=None) -> pd.DataFrame:
     """Every metric of one pair set with a bootstrap CI (`percentile` or `bca`) from `n_boot` resamples of pairs,
-    the same resamples for all metrics. Columns: metric, estimate, ci_low, ci_high, n_pairs, remark."""
+    the same resamples for all metrics (`clusters`: resample patients, each with all their pairs). Columns: metric,
+    estimate, ci_low, ci_high, n_pairs, remark."""
     _check_ci_args(n_boot, ci_method, confidence)
     s, y, yc = _arrays(orig_sex, pred_orig, pred_cf)
     if s.size == 0:
         raise ValueError("bootstrap_metrics: no pairs")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     is_male = s == "M"
-    obs, boot, jack, counts = _resampled_sums(is_male, (yc - y)[:, None], n_boot, rng)
+    obs, boot, jack, counts = _resampled_sums(is_male, (yc - y)[:, None], n_boot, rng, clusters)
     theta = _metrics_from_sums(obs[0])
     ci = _ci(theta, _metrics_from_sums(boot[0]), _metrics_from_sums(jack[0]), counts.astype(float), ci_method, confidence)
     n_by_dir = {"M_to_F": int(is_male.sum()), "F_to_M": int((~is_male).sum())}
@@ -237,7 +255,8 @@ def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: in
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #1eee325b
 REQUIRED_COLUMNS = ("pair_id", "orig_sex", "pred_orig", "pred_cf", "condition")
-OPTIONAL_COLUMNS = ("model", "true_level", "exp_orig", "exp_cf")   # exp_*: each side's expected level (`expected_level`)
+#: exp_*: each side's expected level (`expected_level`); cluster_id: the patient, where patients have several pairs
+OPTIONAL_COLUMNS = ("model", "true_level", "exp_orig", "exp_cf", "cluster_id")
 DEFAULT_MODEL = "model"
 
 def _examples(values, k: int = 3) -> str:
@@ -288,6 +307,8 @@ def validate_prediction_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.Dat
     out["model"] = _text_column(df["model"], "model", source) if "model" in df.columns else DEFAULT_MODEL
     if "true_level" in df.columns:
         out["true_level"] = _int_column(df["true_level"], "true_level", source)
+    if "cluster_id" in df.columns:
+        out["cluster_id"] = _text_column(df["cluster_id"], "cluster_id", source)
     for col in ("exp_orig", "exp_cf"):
         if col in df.columns:
             out[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
@@ -320,7 +341,8 @@ def _ordered(values: Iterable[str], first: Iterable[str] = ()) -> list[str]:
 
 def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: str = "percentile",
            confidence: float = 0.95) -> pd.DataFrame:
-    "The metrics of every (model, condition) of a pair table with bootstrap CIs (Table 3 of the paper, long format)."
+    """The metrics of every (model, condition) of a pair table with bootstrap CIs (Table 3 of the paper, long format);
+    a `cluster_id` column (the patient) makes it a cluster bootstrap over patients."""
     _check_ci_args(n_boot, ci_method, confidence)
     p = validate_prediction_pairs(pairs)
     out = []
@@ -329,7 +351,8 @@ def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: st
         for cond in _ordered(pm.condition, VIEWS):
             g = pm[pm.condition == cond]
             t = bootstrap_metrics(g.orig_sex.to_numpy(), g.pred_orig.to_numpy(), g.pred_cf.to_numpy(), n_boot=n_boot,
-                                  seed=_group_rng(seed, model, cond), ci_method=ci_method, confidence=confidence)
+                                  seed=_group_rng(seed, model, cond), ci_method=ci_method, confidence=confidence,
+                                  clusters=g.cluster_id.to_numpy() if "cluster_id" in g.columns else None)
             out.append(t.assign(model=model, condition=cond))
     return pd.concat(out, ignore_index=True)[TABLE3_COLUMNS]
 
@@ -636,7 +659,7 @@ def _set_estimates(g: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tu
     "Point metrics (`METRICS` order) of one pair set and their bootstrap standard errors over pairs."
     is_male = (g.orig_sex == "M").to_numpy()
     diff = (g.pred_cf.to_numpy(np.int64) - g.pred_orig.to_numpy(np.int64))[:, None]
-    obs, boot, _, _ = _resampled_sums(is_male, diff, n_boot, rng)
+    obs, boot, _, _ = _resampled_sums(is_male, diff, n_boot, rng, g.cluster_id.to_numpy() if "cluster_id" in g else None)
     b = _metrics_from_sums(boot[0])
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -13,6 +13,7 @@ import pandas as pd
 from .baselines import record_texts
 from ..core import VIEWS, read_parquet, write_parquet
 from .counterfactuals import pair_views
+from .split import patient_groups
 from .emulator import predict_views, proba_frame
 from ..synth import oracle_proba
 
@@ -89,9 +90,12 @@ def pairs_for_metrics(preds: pd.DataFrame, pairs: pd.DataFrame, model: str) -> p
     df["orig_sex"] = df["pair_id"].map(info["sex"]).astype(str)
     df["true_level"] = df["pair_id"].map(info["triage_level"]).astype(int)
     df["model"] = model
+    groups = patient_groups(pairs)   # patients with several pairs: the bootstrap resamples patients (cluster_id)
+    if groups is not None:
+        df["cluster_id"] = df["pair_id"].map(dict(zip(pairs["pair_id"], groups)))
     if pcols:
         e = preds.set_index(["side", "view", "pair_id"])["exp"]
         df["exp_orig"] = e.loc["orig"].reindex(pd.MultiIndex.from_frame(df[["condition", "pair_id"]])).to_numpy()
         df["exp_cf"] = e.loc["cf"].reindex(pd.MultiIndex.from_frame(df[["condition", "pair_id"]])).to_numpy()
     return df[["pair_id", "orig_sex", "pred_orig", "pred_cf", "condition", "true_level", "model"] +
-              (["exp_orig", "exp_cf"] if pcols else [])]
+              (["exp_orig", "exp_cf"] if pcols else []) + (["cluster_id"] if groups is not None else [])]

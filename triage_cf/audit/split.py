@@ -9,16 +9,25 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import StratifiedGroupKFold, train_test_split
 
 from ..core import suppress_small_cells
 
 # %% auto #0
-__all__ = ['stratified_split', 'split_balance', 'check_split', 'figure5_distributions']
+__all__ = ['patient_groups', 'stratified_split', 'split_balance', 'check_split', 'figure5_distributions']
 
 # %% ../../nbs/1_audit/00_split.ipynb #5b7fb135
+def patient_groups(cohort: pd.DataFrame) -> np.ndarray | None:
+    """The patient of each record where some patient has several visits (`patient_id` repeats), else None; a record
+    without a patient id is its own patient."""
+    if "patient_id" not in cohort.columns or not cohort["patient_id"].dropna().duplicated().any():
+        return None
+    pid, rid = cohort["patient_id"].astype("string"), cohort["record_id"].astype(str)
+    return np.where(pid.isna(), "record:" + rid, "patient:" + pid.fillna("").astype(str))
+
 def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 42, by: str = "triage_level") -> pd.DataFrame:
-    "record_id and split ('train' | 'test'), stratified by `by` (scikit-learn `train_test_split`, seeded)."
+    """record_id and split ('train' | 'test'), stratified by `by` (scikit-learn `train_test_split`, seeded); where patients
+    have several visits (`patient_groups`), grouped by patient (`StratifiedGroupKFold`: `1/test_size` folds, one is test)."""
     if len(cohort) == 0:
         raise ValueError("stratified_split: the cohort is empty; check tables/cohort_flow.csv")
     y = cohort[by]
@@ -30,7 +39,12 @@ def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 4
         raise ValueError(f"stratified_split: {by} level(s) {small.index.tolist()} have fewer than 2 records "
                          f"({small.to_dict()}); a stratified split needs at least one per partition")
     ids = cohort["record_id"].astype("string").to_numpy()
-    train, test = train_test_split(ids, test_size=test_size, random_state=seed, shuffle=True, stratify=y.astype(int).to_numpy())
+    groups = patient_groups(cohort)
+    if groups is None:
+        train, test = train_test_split(ids, test_size=test_size, random_state=seed, shuffle=True, stratify=y.astype(int).to_numpy())
+    else:   # a patient's visits on one side: one fold of a stratified group K-fold as the test partition
+        folds = StratifiedGroupKFold(n_splits=max(2, round(1 / test_size)), shuffle=True, random_state=seed)
+        test = ids[next(folds.split(ids, y.astype(int).to_numpy(), groups))[1]]
     part = pd.Series("train", index=cohort.index, dtype="string")
     part[cohort["record_id"].isin(set(test)).to_numpy()] = "test"
     return pd.DataFrame({"record_id": cohort["record_id"].astype("string").to_numpy(), "split": part.to_numpy()}).astype({"split": "string"})
@@ -52,6 +66,13 @@ def check_split(cohort: pd.DataFrame, split: pd.DataFrame, balance: pd.DataFrame
         raise AssertionError(f"train and test share {len(tr & te)} record(s)")
     if tr | te != set(cohort["record_id"]) or len(split) != len(cohort) or not split["record_id"].is_unique:
         raise AssertionError("the split does not cover the cohort exactly once")
+    groups = patient_groups(cohort)
+    if groups is not None:
+        side = dict(zip(split["record_id"], split["split"]))
+        both = pd.Series([side[r] for r in cohort["record_id"]]).groupby(groups).nunique()
+        if (both > 1).any():
+            raise AssertionError(f"{int((both > 1).sum())} patient(s) have visits in both train and test")
+        return   # grouped: the level balance is as close as whole patients allow (tables/split_balance.csv)
     off = balance[(balance["n_train"] - balance["n_test"]).abs() > 1]
     if len(off):
         raise AssertionError(f"level counts differ by more than one between train and test at level(s) {off['level'].tolist()}")
