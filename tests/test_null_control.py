@@ -1,8 +1,8 @@
 """The audit's test end to end on small synthetic cohorts, through the stages' own functions: stage 04's conditional
 permutation (`null_sexes`: K copies + the tuning copy, `permute_sex` rewriting the re-sexed notes, null emulator k with
 `null_training_seed`), stage 06's RF search on the tuning copy and the real RF and its null RFs on those
-hyperparameters (`fixed_params`), 07's pairs, 08's scoring, 09's fitness verdict and `permutation_test`. With nothing planted the fit RF has no finding in any of its 15 checks; with a large planted
-tabular effect it has findings in the full and the tabular-isolated views. The test's level and power are measured
+hyperparameters (`fixed_params`), 07's pairs, 08's scoring, 09's fitness verdict and `permutation_test`. With nothing planted the fit RF has no primary finding and at most one secondary one of its 18
+checks; with a large planted tabular effect it has findings in the full and the tabular-isolated views. The test's level and power are measured
 over many cohorts in benchmarks/null_calibration.py; these two cohorts (fixed seeds, K = 5) pin its behaviour."""
 from __future__ import annotations
 
@@ -76,7 +76,10 @@ def test_nothing_planted_no_finding(nothing_planted):
     assert bool(fitness.set_index("model").loc["RF", "fit_for_audit"]), fitness   # a fit model: the check is not vacuous
     assert len(pt) == 3 * (len(TESTED_METRICS) + len(EXPECTED_METRICS)) and info["n_pairs"] > 500 and (pt.n_null == K).all()
     assert pt.p.notna().all() and (pt.check == "primary").sum() == 1
-    assert not pt.finding.fillna(False).any(), pt[pt.finding.fillna(False)][["condition", "metric", "estimate", "null_median", "p", "q"]]
+    found = pt[pt.finding.fillna(False)][["condition", "metric", "check", "estimate", "null_median", "p", "q"]]
+    # issue 37's criterion: no primary finding and at most one secondary one (this cohort, with the default case mix
+    # by sex, has one: text_iso NATS_down, q = 0.0006; the calibration benchmark measures how often this happens)
+    assert not (found.check == "primary").any() and len(found) <= 1, found
 
 
 def test_a_large_planted_tabular_effect_is_a_finding_in_the_full_and_tabular_views():
