@@ -299,9 +299,28 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
                      "FT emulator (GPU only) are not measured here."),
                cells=cells, pooled_nothing_planted=pooled)
     result.write_text(json.dumps(out, indent=1))
+    write_curve(cells)
     if cells:
         figure_power(cells, figure)
     return out
+
+
+def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources" / "calibration_curve.json") -> None:
+    """The package's copy of the measured curve (`triage_cf.audit.plan.calibration_curve`): per model, statistic, case
+    mix and size, the median MDE of the primary check with nothing planted (conditional null, datasets pooled) and the
+    mean attenuation over the planted cells."""
+    rows = []
+    key = lambda c: (c["case_mix"], c["n_records"])
+    cond = sorted([c for c in cells if c["null"] == "conditional" and not c["shared_seed"]], key=key)
+    for (cm, n), g in itertools.groupby(cond, key=key):
+        g = list(g)
+        for stat in ("argmax", "expected"):
+            null = [c[stat]["mde_median"] for c in g if c["scale"] == 0 and c[stat]["mde_median"] is not None]
+            att = [c[stat]["attenuation_mean"] for c in g if c["scale"] > 0 and c[stat]["attenuation_mean"] is not None]
+            rows.append(dict(model="RF", statistic=stat, case_mix=cm, n_records=n,
+                             mde=float(np.median(null)) if null else None, attenuation=float(np.mean(att)) if att else None,
+                             n_audits=int(sum(c["n_fit"] for c in g))))
+    path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION, rows=rows), indent=1) + "\n")
 
 
 def figure_power(cells: list[dict], path: Path) -> None:

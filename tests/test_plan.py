@@ -147,3 +147,15 @@ def test_overrides_are_the_chains(tmp_path, capsys):
     assert "profile smoke, null_seeds=2" in out and "04_null_control      cached" in out
     assert main(["plan", "--dataset", "synth-en", "--profile", "smoke", "--set", "null_seeds"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_plan_detect_reads_the_measured_curve(capsys):
+    "`plan --detect 2.1` answers from triage_cf/resources/calibration_curve.json: a size, or why the curve cannot say."
+    from triage_cf.audit.plan import calibration_curve, detectable_size
+    assert main(["plan", "--dataset", "synth-en", "--profile", "default", "--run-dir", "/nonexistent", "--detect", "2.1"]) == 0
+    out = capsys.readouterr().out
+    assert "RF emulator, female skew (the primary check), case mix 1:" in out
+    rows = calibration_curve()
+    assert rows and all(r["model"] == "RF" for r in rows)   # the benchmark's summary ships with the package
+    d = detectable_size(0.021, rows=rows)
+    assert (f"about {d['n']:,.0f} records" in out) if d["n"] is not None else ("no answer: " + d["why"]) in out

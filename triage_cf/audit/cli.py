@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..chain import parse_overrides
 from .metrics import metrics_from_csv
-from .plan import PlanRefused, format_plan, plan
+from .plan import PlanRefused, detectable_size, format_plan, plan
 from ..rewrite import SexSpecificContent
 from .rewrite_llm import default_rewrite_cache, make_rewriter, swap_text, swap_tsv
 
@@ -85,7 +85,20 @@ def _cmd_plan(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(p, indent=2, default=str) if args.json else format_plan(p))
+    if args.detect is not None:
+        print(detect_sentence(args.detect, args.case_mix))
     return 0
+
+
+def detect_sentence(points: float, case_mix: float) -> str:
+    "`plan --detect POINTS`: the cohort size at which the RF's primary check detects that female skew (measured curve)."
+    d = detectable_size(points / 100, "RF", case_mix, "argmax")
+    head = f"RF emulator, female skew (the primary check), case mix {case_mix:g}: "
+    body = (f"an MDE of {points:g} points at about {d['n']:,.0f} records ({d['why']}; measured MDE: "
+            f"{', '.join(f'{n:,} records: {100 * m:.1f} points' for n, m in d['measured'])})" if d["n"] is not None
+            else f"no answer: {d['why']}")
+    return (head + body + "\n(emulator points; the nurses' effect the audit can see is larger by 1 / attenuation: "
+            "benchmarks/results/calibration_scale.json. FT: GPU only, not on the curve.)")
 
 
 def register(sub) -> None:
@@ -137,4 +150,8 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=None,
                    help="a parameter over the profile's, as `triage-cf reproduce --set` (VALUE is YAML; repeatable)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--detect", type=float, default=None, metavar="POINTS",
+                   help="also say which cohort size detects a female skew of POINTS (e.g. 2.1) at 80%% power, from the "
+                        "measured calibration curve (RF emulator)")
+    p.add_argument("--case-mix", type=float, default=1.0, help="with --detect: the case mix by sex of the curve (0, 1, 2)")
     p.set_defaults(func=_cmd_plan)

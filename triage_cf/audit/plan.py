@@ -11,21 +11,22 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from .. import chain
 from .baselines import fs_settings
 from ..chain import stages_for
-from ..core import RunPaths, load_params, run_dir_for, sha256_text
+from ..core import RunPaths, load_params, resource_path, run_dir_for, sha256_text
 from ..llm import SMOLLM2_NAME, cache_dir, smollm2_gguf_path
 from ..data import file_checksum_status, load_manifest
 from .null_control import null_counts
 
 # %% auto #0
 __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS', 'GPU_UTILISATION', 'VIEWS_PER_RECORD',
-           'model_config', 'llama_parameter_counts', 'memory_gb', 'dataset_sizes', 'prompt_tokens', 'workload',
-           'fs_flops_per_token', 'stage_seconds', 'stage_basis', 'cached_stages', 'effective_params', 'PlanRefused',
-           'plan', 'format_hardware', 'format_plan']
+           'CALIBRATION_CURVE', 'model_config', 'llama_parameter_counts', 'memory_gb', 'dataset_sizes', 'prompt_tokens',
+           'workload', 'fs_flops_per_token', 'stage_seconds', 'stage_basis', 'cached_stages', 'effective_params',
+           'PlanRefused', 'plan', 'format_hardware', 'format_plan', 'calibration_curve', 'detectable_size']
 
 # %% ../../nbs/1_audit/11_plan.ipynb #a96f0963
 #: Reference model of the CPU measurements (SmolLM2-135M-Instruct), parameter count.
@@ -499,3 +500,31 @@ def format_plan(p: dict) -> str:
                    + ("run `triage-cf fetch --dataset " + p["dataset"] + "`" if p["access"] == "open" else "see `triage-cf fetch` for access"))
     out += [f"note: {n}" for n in p["notes"]] + [f"REFUSED: {r}" for r in p["refused"]]
     return "\n".join(out)
+
+# %% ../../nbs/1_audit/11_plan.ipynb #bf2c8331
+CALIBRATION_CURVE = "calibration_curve.json"   # written by `benchmarks/calibration_scale.py summarise`
+
+def calibration_curve(path: str | Path | None = None) -> list[dict]:
+    "The measured rows (model, statistic, case_mix, n_records, mde, attenuation, n_audits) of the calibration curve."
+    p = Path(path) if path is not None else resource_path(CALIBRATION_CURVE)
+    if not p.is_file():
+        return []
+    return json.loads(p.read_text())["rows"]
+
+# %% ../../nbs/1_audit/11_plan.ipynb #bc487733
+def detectable_size(target: float, model: str = "RF", case_mix: float = 1.0, statistic: str = "argmax",
+                    rows: list[dict] | None = None) -> dict:
+    """The cohort size (records) whose primary check has an MDE of `target` (a proportion: 0.021 for 2.1 points), from
+    the measured curve: $\\log$ MDE linear in $\\log n$ through the measured sizes. `n` None with `why` otherwise."""
+    pts = sorted((r["n_records"], r["mde"]) for r in (calibration_curve() if rows is None else rows)
+                 if r["model"] == model and r["statistic"] == statistic and r["case_mix"] == case_mix and r.get("mde"))
+    out = dict(target=target, model=model, case_mix=case_mix, statistic=statistic, measured=pts, n=None)
+    if len(pts) < 2:
+        return {**out, "why": f"the curve has {len(pts)} measured size(s) for {model} at case mix {case_mix:g}: "
+                              "at least 2 are needed (benchmarks/calibration_scale.py)"}
+    b, a = np.polyfit(np.log([n for n, _ in pts]), np.log([m for _, m in pts]), 1)
+    if b >= 0:
+        return {**out, "why": f"the measured MDE does not fall with the cohort size (slope {b:.2f})"}
+    n = float(np.exp((np.log(target) - a) / b))
+    where = "interpolated" if pts[0][0] <= n <= pts[-1][0] else "extrapolated beyond the measured sizes"
+    return {**out, "n": n, "slope": float(b), "why": f"{where} ({len(pts)} measured sizes, slope {b:.2f})"}

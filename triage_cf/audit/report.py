@@ -16,17 +16,18 @@ import pandas as pd
 
 from ..core import VIEWS, RunPaths, atomic_write_text, read_parquet, suppress_small_cells, write_table
 from .metrics import METRICS, REFERENCE_MODELS
+from .plan import calibration_curve, detectable_size
 
 # %% auto #0
-__all__ = ['ADVICE', 'VIEW_WORDS', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T7_COLUMNS', 'FIGURE_CAPTIONS', 'MARGINS_LAYOUT',
-           'TBIAS_LAYOUT', 'APPENDIX_LAYOUT', 'SECTIONS', 'table1_cohort', 'as_bool', 'num', 'is_proportion',
-           'fmt_value', 'fmt_ci', 'compact', 'RunTables', 'Html', 'render_frame', 'table_block', 'figure_block',
-           'banner', 'section', 'fitness_verdicts', 'fitness_flag', 'fmt_kappa', 'fitness_sentence', 'view_sentence',
-           'metric_cell', 'summary_frame', 'false_positive_sentence', 'null_test_frame', 'summary_section',
-           'test_design_sentence', 'merge_ci', 'generic_block', 'figure_of', 'pair', 'section_cohort',
-           'section_performance', 'metric_label', 'table3_wide', 'unfit_banner', 'section_bias', 'level_frame',
-           'section_levels', 'section_pretraining', 'section_impact', 'figure_caption', 'instrument_caveats',
-           'section_instrument', 'section_appendix', 'section_parameters', 'build_report']
+__all__ = ['ADVICE', 'VIEW_WORDS', 'PAPER_SKEW', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T7_COLUMNS', 'FIGURE_CAPTIONS',
+           'MARGINS_LAYOUT', 'TBIAS_LAYOUT', 'APPENDIX_LAYOUT', 'SECTIONS', 'table1_cohort', 'as_bool', 'num',
+           'is_proportion', 'fmt_value', 'fmt_ci', 'compact', 'RunTables', 'Html', 'render_frame', 'table_block',
+           'figure_block', 'banner', 'section', 'fitness_verdicts', 'fitness_flag', 'fmt_kappa', 'fitness_sentence',
+           'view_sentence', 'metric_cell', 'summary_frame', 'false_positive_sentence', 'null_test_frame',
+           'summary_section', 'test_design_sentence', 'merge_ci', 'generic_block', 'figure_of', 'pair',
+           'section_cohort', 'section_performance', 'metric_label', 'table3_wide', 'unfit_banner', 'section_bias',
+           'level_frame', 'section_levels', 'section_pretraining', 'section_impact', 'figure_caption',
+           'instrument_caveats', 'section_instrument', 'section_appendix', 'section_parameters', 'build_report']
 
 # %% ../../nbs/1_audit/12_report.ipynb #c3a223ee
 def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = None) -> pd.DataFrame:
@@ -384,6 +385,9 @@ def _null_summary(r) -> tuple[str, str, str]:
     stat = f"p = {num(r['p']):.2g}" + ("" if str(r.get("check", "")) == "primary" or np.isnan(q) else f", q = {q:.2g}")
     return compact(r.get("n_null", "")), null, stat
 
+#: The paper's headline female skew (Bordeaux, FT emulator): the effect users ask the audit to see.
+PAPER_SKEW = 0.021
+
 def _detectable(r) -> str:
     "' This audit could have detected a female skew of at least 4.1 points.' from a tested row's MDE ('' without)."
     m = num(r.get("mde", np.nan))
@@ -392,7 +396,19 @@ def _detectable(r) -> str:
     words = {"female_skew": "female skew", "NATS_up": "NATS(+)", "NATS_down": "NATS(−)"}
     size = (f"{m:.3f} triage levels" if r["metric"] == "NMDF" else
             f"{100 * m:.1f} points" + (" (percentage points of decisions that change)" if r["metric"] == "PDR" else ""))
-    return f" This audit could have detected a {words.get(r['metric'], r['metric'])} of at least {size}."
+    return f" This audit could have detected a {words.get(r['metric'], r['metric'])} of at least {size}." + _nurses(r, m)
+
+def _nurses(r, mde: float) -> str:
+    "The RF female skew's MDE in the nurses' points (÷ the measured attenuation) and the cohort size for 2.1 points."
+    if r.get("metric") != "female_skew" or r.get("model") != "RF":
+        return ""
+    att = [c["attenuation"] for c in calibration_curve() if c["statistic"] == "argmax" and c.get("attenuation")]
+    nurses = (f" In the nurses' points that is about {100 * mde / np.mean(att):.0f} (÷ the RF's attenuation "
+              f"{np.mean(att):.2f}, an estimate from synthetic cohorts)." if att else "")
+    d = detectable_size(PAPER_SKEW)
+    size = (f"detectable by this emulator at about {d['n']:,.0f} records ({d['why']})" if d["n"] is not None
+            else f"the cohort size that detects them is not measured yet ({d['why']})")
+    return nurses + f" The paper's {100 * PAPER_SKEW:.1f} points: {size}."
 
 def _row_ci(r) -> tuple[float, float]:
     "A Table 3 row's CI: the test's training-and-pairs CI where tested, else the pairs' bootstrap CI."
