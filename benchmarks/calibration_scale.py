@@ -324,29 +324,36 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
 
 
 def figure_power(cells: list[dict], path: Path) -> None:
-    "Power (oracle's sign) and the nothing-planted rate of the primary check against cohort size, per statistic."
+    """Per case mix (columns): the primary check's rejection rate (nothing planted: the level; planted: power with the
+    oracle's sign) and its median MDE against cohort size, for the argmax female skew and NMDF_expected (RF)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    df = pd.DataFrame([dict(null=c["null"], dataset=c["dataset"], n=c["n_records"], case_mix=c["case_mix"],
-                            scale=c["scale"], stat=s, rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"],
-                            mde=c[s]["mde_median"]) for c in cells for s in ("argmax", "expected") if c[s]["rate"]["n"]])
+    df = pd.DataFrame([dict(null=c["null"], n=c["n_records"], case_mix=c["case_mix"], scale=c["scale"], stat=s,
+                            rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"], mde=c[s]["mde_median"])
+                       for c in cells for s in ("argmax", "expected") if c[s]["rate"]["n"]])
     if df.empty:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (stat, scale), g in df[df["null"] == "conditional"].groupby(["stat", "scale"]):
-        g = g.groupby("n").rate.mean()
-        axes[0].plot(g.index, g.values, marker="o", ls="-" if stat == "expected" else "--",
-                     label=f"{'NMDF_expected' if stat == 'expected' else 'female skew (argmax)'}, x{scale:g}")
-    axes[0].axhline(0.05, color="grey", lw=0.8)
-    axes[0].set(xscale="log", xlabel="cohort size (records)", ylabel="rejection rate (planted: oracle's sign)",
-                title="RF: level (x0) and power, conditional null")
-    axes[0].legend(fontsize=7)
-    for stat, g in df[(df["null"] == "conditional") & (df["scale"] == 0)].groupby("stat"):
-        g = g.groupby("n").mde.median()
-        axes[1].plot(g.index, g.values, marker="o", label=stat)
-    axes[1].set(xscale="log", xlabel="cohort size (records)", ylabel="MDE (statistic's units)", title="RF: MDE")
-    axes[1].legend(fontsize=7)
+    df = df[df["null"] == "conditional"]
+    mixes = sorted(df["case_mix"].unique())
+    fig, axes = plt.subplots(2, len(mixes), figsize=(4.2 * len(mixes), 6.5), squeeze=False)
+    names = {"argmax": "female skew (argmax)", "expected": "NMDF_expected"}
+    for j, cm in enumerate(mixes):
+        d = df[df["case_mix"] == cm]
+        for (stat, scale), g in d.groupby(["stat", "scale"]):
+            g = g.groupby("n").rate.mean()
+            axes[0, j].plot(g.index, g.values, marker="o" if stat == "argmax" else "s", ls="-" if scale else ":",
+                            label=f"{names[stat]}, x{scale:g}")
+        axes[0, j].axhline(0.05, color="grey", lw=0.8)
+        axes[0, j].set(xscale="log", ylim=(-0.03, 1.03), title=f"case mix by sex {cm:g}", xlabel="records",
+                       ylabel="rejection rate (x0: level; planted: power)" if j == 0 else "")
+        for stat, g in d[d["scale"] == 0].groupby("stat"):
+            g = g.groupby("n").mde.median()
+            axes[1, j].plot(g.index, g.values, marker="o", label=f"{names[stat]} ({'proportion' if stat == 'argmax' else 'levels'})")
+        axes[1, j].set(xscale="log", xlabel="records", ylabel="median MDE, nothing planted" if j == 0 else "")
+    axes[0, 0].legend(fontsize=7)
+    axes[1, 0].legend(fontsize=7)
+    fig.suptitle("RF emulator, conditional null, K null RFs: level, power and MDE against cohort size", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
