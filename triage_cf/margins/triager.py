@@ -28,15 +28,16 @@ from .measures import (complaint_categories, load_design, load_templates, make_v
 
 # %% auto #0
 __all__ = ['YB_VARIANTS', 'YB_REFERENCE', 'YB_LABELLED', 'FROM_PROBE_VARIANT', 'ESI_LEVELS', 'ANSWER_COLUMNS',
-           'YB_PARSE_STATUSES', 'RUN_FILE_RE', 'NOTE_MARKER', 'NOTE_RE', 'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS',
-           'run_file_names', 'vignette_key', 'vignette_id_of', 'note_fields', 'subrun_answer', 'read_run_file',
-           'read_yentlbench', 'yentlbench_prompt', 'write_run_file', 'parse_status_table', 'complete_cases',
-           'answers_from_probe', 'match_chain_vignettes', 'with_patients', 'cluster_resamples', 'percentile_ci',
-           'weighted_kappa', 'accuracy_metrics', 'accuracy_table', 'change_vs_reference', 'risk_class', 'variant_pairs',
-           'transitions_table', 'boundary_crossings', 'cohens_h', 'mcnemar_paired', 'pairwise_table', 'omnibus_tests',
-           'information_table', 'strata_table', 'difficulty_table', 'sensitivity_scores', 'sensitivity_row',
-           'review_list', 'tests_table', 'audit_model', 'models_missing', 'audit_answers', 'figure_ranking',
-           'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes', 'audit_yentlbench']
+           'YB_PARSE_STATUSES', 'RUN_FILE_RE', 'NOTE_MARKER', 'NOTE_RE', 'PROBE_LEVELS', 'NO_PROBE_LEVEL',
+           'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS', 'run_file_names', 'vignette_key', 'vignette_id_of', 'note_fields',
+           'subrun_answer', 'read_run_file', 'read_yentlbench', 'yentlbench_prompt', 'write_run_file',
+           'parse_status_table', 'complete_cases', 'answers_from_probe', 'match_chain_vignettes', 'with_patients',
+           'cluster_resamples', 'percentile_ci', 'weighted_kappa', 'accuracy_metrics', 'accuracy_table',
+           'change_vs_reference', 'risk_class', 'variant_pairs', 'transitions_table', 'boundary_crossings', 'cohens_h',
+           'mcnemar_paired', 'pairwise_table', 'omnibus_tests', 'information_table', 'strata_table', 'difficulty_table',
+           'sensitivity_scores', 'sensitivity_row', 'review_list', 'tests_table', 'audit_model', 'models_missing',
+           'audit_answers', 'figure_ranking', 'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes',
+           'audit_yentlbench']
 
 # %% ../../nbs/2_margins/02_triager.ipynb #45164409
 YB_VARIANTS = ("nb_ambiguous", "female", "male", "nb_label_only")
@@ -199,17 +200,24 @@ def complete_cases(answers: pd.DataFrame, model: str) -> tuple[pd.DataFrame, pd.
     return full.astype(int), info.astype({"actual_level": int}), row
 
 # %% ../../nbs/2_margins/02_triager.ipynb #55649970
+PROBE_LEVELS = {"written": "written_level", "decided": "decided_level"}
+NO_PROBE_LEVEL = {"written": "no_level_written", "decided": "no_decided_level"}
+
 def answers_from_probe(vm: pd.DataFrame, model: str, vignettes: pd.DataFrame | None = None,
-                       levels: Sequence[int] = ESI_LEVELS) -> pd.DataFrame:
-    "The answer table of a probe run's per-vignette rows `vm` (chief complaints from its `vignettes.csv` when given)."
+                       levels: Sequence[int] = ESI_LEVELS, level: str = "written") -> pd.DataFrame:
+    """The answer table of a probe run's per-vignette rows `vm` (chief complaints from its `vignettes.csv` when given);
+    `level`: the written level (YentlBench's decision) or the decided one (model labelled `<model> (decided level)`)."""
+    if level not in PROBE_LEVELS:
+        raise ValueError(f"level {level!r}: not one of {sorted(PROBE_LEVELS)}")
     unknown = sorted(set(vm["variant"]) - set(FROM_PROBE_VARIANT))
     if unknown:
         raise ValueError(f"vignette_metrics: column 'variant' has {len(unknown)} unknown value(s) {unknown}")
-    w = pd.to_numeric(vm["written_level"], errors="coerce")
+    w = pd.to_numeric(vm[PROBE_LEVELS[level]], errors="coerce")
     ok = w.isin([float(x) for x in levels])
     outcome = vm["outcome"].astype("string").fillna("no_level_written")
-    status = np.where(ok, "ok", np.where(outcome == "ok", "no_level_written", outcome))
-    out = pd.DataFrame({"model": model, "variant": vm["variant"].map(FROM_PROBE_VARIANT),
+    status = np.where(ok, "ok", np.where(outcome == "ok", NO_PROBE_LEVEL[level], outcome))
+    out = pd.DataFrame({"model": model if level == "written" else f"{model} (decided level)",
+                        "variant": vm["variant"].map(FROM_PROBE_VARIANT),
                         "vignette_id": vm["vignette_id"].astype(str), "subject_id": vm["subject_id"].astype(str),
                         "actual_level": pd.to_numeric(vm["true_level"], errors="coerce"),
                         "predicted_level": w.where(ok), "parse_status": status,
