@@ -29,15 +29,15 @@ from .measures import (complaint_categories, load_design, load_templates, make_v
 # %% auto #0
 __all__ = ['YB_VARIANTS', 'YB_REFERENCE', 'YB_LABELLED', 'FROM_PROBE_VARIANT', 'ESI_LEVELS', 'ANSWER_COLUMNS',
            'YB_PARSE_STATUSES', 'RUN_FILE_RE', 'NOTE_MARKER', 'NOTE_RE', 'PROBE_LEVELS', 'NO_PROBE_LEVEL',
-           'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS', 'run_file_names', 'vignette_key', 'vignette_id_of', 'note_fields',
-           'subrun_answer', 'read_run_file', 'read_yentlbench', 'yentlbench_prompt', 'write_run_file',
+           'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS', 'RANKING_SHOWN', 'run_file_names', 'vignette_key', 'vignette_id_of',
+           'note_fields', 'subrun_answer', 'read_run_file', 'read_yentlbench', 'yentlbench_prompt', 'write_run_file',
            'parse_status_table', 'complete_cases', 'answers_from_probe', 'match_chain_vignettes', 'with_patients',
            'cluster_resamples', 'percentile_ci', 'weighted_kappa', 'accuracy_metrics', 'accuracy_table',
            'change_vs_reference', 'risk_class', 'variant_pairs', 'transitions_table', 'boundary_crossings', 'cohens_h',
            'mcnemar_paired', 'pairwise_table', 'omnibus_tests', 'information_table', 'strata_table', 'difficulty_table',
            'sensitivity_scores', 'sensitivity_row', 'review_list', 'tests_table', 'audit_model', 'models_missing',
            'audit_answers', 'figure_ranking', 'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes',
-           'audit_yentlbench']
+           'audit_yentlbench', 'ranking_display']
 
 # %% ../../nbs/2_margins/02_triager.ipynb #45164409
 YB_VARIANTS = ("nb_ambiguous", "female", "male", "nb_label_only")
@@ -662,3 +662,20 @@ def audit_yentlbench(folder: str | Path, n_boot: int = 1000, seed: int = 0, chec
     tables = audit_answers(answers, n_boot=n_boot, seed=seed)
     tables["vignette_match"] = pd.DataFrame([summary])
     return answers, tables
+
+# %% ../../nbs/2_margins/02_triager.ipynb #1c308b31
+RANKING_SHOWN = {"mean_pairwise_disagreement": "mean pairwise disagreement", "female_male_differ": "female ≠ male",
+                 "any_change_vs_reference": "any change vs nb_ambiguous", "pss_yb": "PSS (YB)"}
+
+def ranking_display(summary: dict) -> pd.DataFrame:
+    "The ranking of a `benchmarks/triager_yentlbench.json` summary: each score as `value [low, high]`, omnibus tests."
+    r = pd.DataFrame(summary["ranking"]).set_index("model")
+    om = pd.DataFrame(summary["omnibus"]).set_index("model").reindex(r.index)
+    sig = pd.DataFrame(summary["tests_q_below_005"]).set_index("model").reindex(r.index)
+    out = pd.DataFrame({"rank": r["rank"]}, index=r.index)
+    for k, name in RANKING_SHOWN.items():
+        out[name] = [f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in r[[k, f"{k}_ci_low", f"{k}_ci_high"]].to_numpy()]
+    out["rank by PSS (YB)"] = r["rank_pss_yb"]
+    out["Cochran's Q p"], out["Friedman p"] = om["cochran_p"].map("{:.3g}".format), om["friedman_p"].map("{:.3g}".format)
+    out["tests q < 0.05"] = [f"{int(s)} / {int(n)}" for s, n in sig[["n_q_below_005", "n_tests"]].to_numpy()]
+    return out.sort_values("rank").reset_index()
