@@ -29,15 +29,15 @@ from .measures import (complaint_categories, load_design, load_templates, make_v
 # %% auto #0
 __all__ = ['YB_VARIANTS', 'YB_REFERENCE', 'YB_LABELLED', 'FROM_PROBE_VARIANT', 'ESI_LEVELS', 'ANSWER_COLUMNS',
            'YB_PARSE_STATUSES', 'RUN_FILE_RE', 'NOTE_MARKER', 'NOTE_RE', 'PROBE_LEVELS', 'NO_PROBE_LEVEL',
-           'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS', 'RANKING_SHOWN', 'run_file_names', 'vignette_key', 'vignette_id_of',
-           'note_fields', 'subrun_answer', 'read_run_file', 'read_yentlbench', 'yentlbench_prompt', 'write_run_file',
-           'parse_status_table', 'complete_cases', 'answers_from_probe', 'match_chain_vignettes', 'with_patients',
-           'cluster_resamples', 'percentile_ci', 'weighted_kappa', 'accuracy_metrics', 'accuracy_table',
-           'change_vs_reference', 'risk_class', 'variant_pairs', 'transitions_table', 'boundary_crossings', 'cohens_h',
-           'mcnemar_paired', 'pairwise_table', 'omnibus_tests', 'information_table', 'strata_table', 'difficulty_table',
-           'sensitivity_scores', 'sensitivity_row', 'review_list', 'tests_table', 'audit_model', 'models_missing',
-           'audit_answers', 'figure_ranking', 'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes',
-           'audit_yentlbench', 'ranking_display']
+           'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS', 'RECORD_LEVEL_TABLES', 'RANKING_SHOWN', 'run_file_names',
+           'vignette_key', 'vignette_id_of', 'note_fields', 'subrun_answer', 'read_run_file', 'read_yentlbench',
+           'yentlbench_prompt', 'write_run_file', 'parse_status_table', 'complete_cases', 'answers_from_probe',
+           'match_chain_vignettes', 'with_patients', 'cluster_resamples', 'percentile_ci', 'weighted_kappa',
+           'accuracy_metrics', 'accuracy_table', 'change_vs_reference', 'risk_class', 'variant_pairs',
+           'transitions_table', 'boundary_crossings', 'cohens_h', 'mcnemar_paired', 'pairwise_table', 'omnibus_tests',
+           'information_table', 'strata_table', 'difficulty_table', 'sensitivity_scores', 'sensitivity_row',
+           'review_list', 'tests_table', 'audit_model', 'models_missing', 'audit_answers', 'figure_ranking',
+           'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes', 'audit_yentlbench', 'ranking_display']
 
 # %% ../../nbs/2_margins/02_triager.ipynb #45164409
 YB_VARIANTS = ("nb_ambiguous", "female", "male", "nb_label_only")
@@ -625,10 +625,15 @@ def figure_change_heatmap(change: pd.DataFrame):
     return fig
 
 # %% ../../nbs/2_margins/02_triager.ipynb #58ba20cc
+#: Tables with one row per vignette (its id): record-level where the vignettes are records of a credentialed dataset.
+RECORD_LEVEL_TABLES = ("review_list",)
+
 def write_triager_outputs(tables: dict, tables_dir: str | Path, figures_dir: str | Path,
-                          prefix: str = "triager") -> dict:
-    "Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}."
-    out = {k: write_table(t, tables_dir, f"{prefix}_{k}") for k, t in tables.items()}
+                          prefix: str = "triager", record_dir: str | Path | None = None) -> dict:
+    """Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}. With `record_dir`
+    (an aggregate-only run: its `data/`), the record-level tables go there instead of `tables_dir`."""
+    out = {k: write_table(t, record_dir if record_dir is not None and k in RECORD_LEVEL_TABLES else tables_dir,
+                          f"{prefix}_{k}") for k, t in tables.items()}
     if "ranking" not in tables:
         return out
     for name, fig in (("ranking", figure_ranking(tables["ranking"])),
