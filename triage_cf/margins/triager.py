@@ -625,13 +625,13 @@ def figure_change_heatmap(change: pd.DataFrame):
     return fig
 
 # %% ../../nbs/2_margins/02_triager.ipynb #58ba20cc
-#: Tables with one row per vignette (its id): record-level where the vignettes are records of a credentialed dataset.
+#: Tables with one row per vignette (its id, its complaint): record-level where the vignettes are a dataset's records.
 RECORD_LEVEL_TABLES = ("review_list",)
 
 def write_triager_outputs(tables: dict, tables_dir: str | Path, figures_dir: str | Path,
                           prefix: str = "triager", record_dir: str | Path | None = None) -> dict:
     """Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}. With `record_dir`
-    (an aggregate-only run: its `data/`), the record-level tables go there instead of `tables_dir`."""
+    (a chain run's `data/`), the record-level tables go there instead of `tables_dir`."""
     out = {k: write_table(t, record_dir if record_dir is not None and k in RECORD_LEVEL_TABLES else tables_dir,
                           f"{prefix}_{k}") for k, t in tables.items()}
     if "ranking" not in tables:
