@@ -177,7 +177,8 @@ def _cmd_triager(args) -> int:
             answers = _probe_answers(Path(args.probe_run), args.level)
             tables = audit_answers(answers, n_boot=args.n_boot, seed=args.seed)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        hint = " (a model that writes no level: --level decided)" if args.probe_run and args.level == "written" else ""
+        print(f"error: {exc}{hint}", file=sys.stderr)
         return 2
     write_table(answers, out / "data", "triager_answers")
     write_triager_outputs(tables, out / "tables", out / "figures", prefix="triager")
