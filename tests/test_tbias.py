@@ -311,6 +311,8 @@ def test_allocation_paired_tests_count_exclusions():
     lang = t[(t.comparison == "es_vs_en") & (t.test == "mcnemar_trans_chosen")].iloc[0]
     assert (lang.stratum, lang.n_b_higher, lang.p_value) == ("selection/gynecology", 4, pytest.approx(2 / 2 ** 4))
     assert "symptoms_vs_selection" not in set(t.comparison)                   # not run: no row
+    with pytest.raises(ValueError, match=r"instances: 2 duplicate row\(s\)"):     # an instance twice: pairing ambiguous
+        allocation_paired_tests(pd.concat([sel, sel.head(2)]))
 
 
 def test_word_paired_tests_spanish_vs_english():

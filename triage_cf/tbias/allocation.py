@@ -18,9 +18,9 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from ..core import sha256_text, write_table
-from .words import (PAIRED_COLUMNS, TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, csv_line_numbers, read_answers_csv,
-                                   keyed_rng, load_prompts, mcnemar_test, normalize, paired_bh, read_corpus, run_generation,
-                                   wilcoxon_test)
+from .words import (PAIRED_COLUMNS, TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, check_paired_keys, csv_line_numbers,
+                                   read_answers_csv, keyed_rng, load_prompts, mcnemar_test, normalize, paired_bh,
+                                   read_corpus, run_generation, wilcoxon_test)
 
 # %% auto #0
 __all__ = ['IDENTITIES', 'PATIENT_SEED', 'SERVICE_POOLS', 'SERVICES', 'CONDITIONS', 'ALLOCATION_KEYS', 'ALLOCATION_COLUMNS',
@@ -375,6 +375,7 @@ def trans_chosen(instances: pd.DataFrame) -> pd.Series:
 # %% ../../nbs/3_tbias/01_allocation.ipynb #0311b7db
 def allocation_paired_tests(instances: pd.DataFrame, comparisons=PAIRED_COMPARISONS) -> pd.DataFrame:
     "McNemar per service and Wilcoxon over services (bias magnitude) between the two sides of each comparison."
+    check_paired_keys(instances, ["model", "language", "condition", "service", "pair_id", "group_1"], "instances")
     d, rows = instances.assign(t=trans_chosen(instances)), []
     for by, a, b in comparisons:
         if not {a, b} <= set(d[by]):

@@ -28,9 +28,9 @@ __all__ = ['TBIAS_RESOURCE_DIR', 'CATEGORIES', 'TBIAS_LANGUAGES', 'TEMPLATE_SETS
            'resource_sha256', 'load_prompts', 'load_words', 'normalize', 'keyed_rng', 'sample_iterations',
            'association_template', 'association_prompt', 'association_requests', 'parse_word_labels', 'read_corpus',
            'word_corpus', 'bias_score', 'bootstrap_bias', 'score_answers', 'iteration_counts', 'bias_table',
-           'mcnemar_test', 'wilcoxon_test', 'stereotyped', 'paired_bh', 'word_paired_tests', 'explicit_requests',
-           'parse_explicit', 'run_generation', 'run_word_association', 'make_tb_client', 'model_label', 'bias_figure',
-           'csv_line_numbers', 'read_answers_csv', 'word_association_from_csv']
+           'mcnemar_test', 'wilcoxon_test', 'stereotyped', 'check_paired_keys', 'paired_bh', 'word_paired_tests',
+           'explicit_requests', 'parse_explicit', 'run_generation', 'run_word_association', 'make_tb_client',
+           'model_label', 'bias_figure', 'csv_line_numbers', 'read_answers_csv', 'word_association_from_csv']
 
 # %% ../../nbs/3_tbias/00_words.ipynb #64fe17f4
 TBIAS_RESOURCE_DIR = resource_path("tbias")
@@ -464,6 +464,12 @@ def stereotyped(word_rows: pd.DataFrame) -> pd.Series:
     hit = (lab == "trans") == (word_rows["sentiment"] == "negative")
     return hit.astype(float).where(lab.notna())
 
+def check_paired_keys(df: pd.DataFrame, keys: Sequence[str], what: str) -> None:
+    "Refuse a table where one paired item appears twice (the pairing would be ambiguous), naming the count."
+    dup = int(df.duplicated(list(keys)).sum())
+    if dup:
+        raise ValueError(f"{what}: {dup} duplicate row(s) of ({', '.join(keys)}): each item once per side")
+
 def paired_bh(table: pd.DataFrame, family: Sequence[str] = ("model", "comparison")) -> pd.DataFrame:
     "`table` with `q_bh`: Benjamini-Hochberg q-values within each family (the tests with a p-value)."
     t = table.assign(q_bh=np.nan, family=table[list(family)].astype(str).agg(" / ".join, axis=1) if len(table) else "")
@@ -474,6 +480,7 @@ def paired_bh(table: pd.DataFrame, family: Sequence[str] = ("model", "comparison
 # %% ../../nbs/3_tbias/00_words.ipynb #eea55096
 def word_paired_tests(word_rows: pd.DataFrame, iterations: pd.DataFrame, a: str = "en", b: str = "es") -> pd.DataFrame:
     "Language `b` against `a` on the same iterations: McNemar (stereotyped label) and Wilcoxon (Bias(x)), BH per family."
+    check_paired_keys(word_rows, ["model", "category", "iteration", "word_id", "language"], "word rows")
     w = word_rows.assign(s=stereotyped(word_rows)).set_index(["model", "category", "iteration", "word_id", "language"])["s"]
     it = iterations.set_index(["model", "category", "iteration", "language"])["bias"]
     rows = []
