@@ -1,8 +1,8 @@
-"""The decision audit of YentlBench's 15 models (`triage_cf.margins.triager`) on their 60 published run files, summarised
-for the chapter `nbs/2_margins/02_triager.ipynb`, which renders its ranking table from the JSON this script writes.
+"""The decision audit of YentlBench's 15 models (`triage_cf.margins.triager`) on their 60 published run files,
+summarised for the chapter `nbs/2_margins/02_triager.ipynb`, which renders its ranking table from the JSON this script writes.
 
-    .venv/bin/python benchmarks/triager_yentlbench.py                          # $TRIAGE_CF_DATA/yentlbench-results/results
-    .venv/bin/python benchmarks/triager_yentlbench.py --out /tmp/triager_yb    # also every table and figure (as `triage-cf triager`)
+    .venv/bin/python benchmarks/triager_yentlbench.py                # $TRIAGE_CF_DATA/yentlbench-results/results
+    .venv/bin/python benchmarks/triager_yentlbench.py --out /tmp/yb  # also every table and figure (as `triage-cf triager`)
 
 Writes benchmarks/results/triager_yentlbench.json: the ranking by mean pairwise disagreement with 95% cluster-bootstrap
 CIs and YentlBench's PSS with its own rank, the omnibus tests, each model's count of tests with q < 0.05, the answers by
@@ -44,7 +44,8 @@ def summary(answers: pd.DataFrame, t: dict, folder: Path, n_boot: int, seed: int
     per_model = ps.drop(columns="variant").groupby("model").sum().reset_index()
     return {
         "what": "YentlBench's decision audit of the written ESI level, 15 frontier models x 4 variants x 70 vignettes",
-        "folder": "/".join(folder.parts[-2:]), "n_files": int(answers["source"].nunique()), "n_models": int(answers["model"].nunique()),
+        "folder": "/".join(folder.parts[-2:]), "n_files": int(answers["source"].nunique()),
+        "n_models": int(answers["model"].nunique()),
         "n_answers": len(answers), "n_vignettes": int(answers["vignette_id"].nunique()), "n_boot": n_boot,
         "seed": seed, "composite": "mean_pairwise_disagreement (rank 1: the least sex-sensitive model)",
         "ranking": _records(r.sort_values("rank"), RANK_COLUMNS),

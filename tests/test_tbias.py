@@ -13,8 +13,9 @@ import json
 
 from scipy import stats
 
-from triage_cf.tbias.allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_paired_tests, allocation_requests,
-                                        allocation_stats, make_pairs, make_patients, parse_choice, run_allocation)
+from triage_cf.tbias.allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_paired_tests,
+                                        allocation_requests, allocation_stats, make_pairs, make_patients, parse_choice,
+                                        run_allocation)
 from triage_cf.tbias.words import (PAIRED_COLUMNS, TBIAS_RESOURCE_DIR, association_requests, bias_score, bootstrap_bias,
                                    iteration_counts, load_words, mcnemar_test, parse_word_labels, wilcoxon_test,
                                    word_corpus, word_paired_tests)
@@ -316,7 +317,8 @@ def test_allocation_paired_tests_count_exclusions():
 
 
 def test_word_paired_tests_spanish_vs_english():
-    wr = pd.DataFrame({"model": "m", "language": ["en"] * 4 + ["es"] * 4, "category": "risk", "iteration": [0, 0, 1, 1] * 2,
+    wr = pd.DataFrame({"model": "m", "language": ["en"] * 4 + ["es"] * 4, "category": "risk",
+                       "iteration": [0, 0, 1, 1] * 2,
                        "word_id": ["w1", "w2", "w3", "w4"] * 2, "sentiment": ["negative", "positive"] * 4,
                        "label": ["trans", "cis", "trans", "cis", "cis", "trans", "trans", None]})
     t = word_paired_tests(wr, iteration_counts(wr)).set_index(["stratum", "test"])

@@ -681,6 +681,7 @@ def ranking_display(summary: dict) -> pd.DataFrame:
     for k, name in RANKING_SHOWN.items():
         out[name] = [f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in r[[k, f"{k}_ci_low", f"{k}_ci_high"]].to_numpy()]
     out["rank by PSS (YB)"] = r["rank_pss_yb"]
-    out["Cochran's Q p"], out["Friedman p"] = om["cochran_p"].map("{:.3g}".format), om["friedman_p"].map("{:.3g}".format)
+    out["Cochran's Q p"] = om["cochran_p"].map("{:.3g}".format)
+    out["Friedman p"] = om["friedman_p"].map("{:.3g}".format)
     out["tests q < 0.05"] = [f"{int(s)} / {int(n)}" for s, n in sig[["n_q_below_005", "n_tests"]].to_numpy()]
     return out.sort_values("rank").reset_index()

@@ -388,7 +388,8 @@ def allocation_paired_tests(instances: pd.DataFrame, comparisons=PAIRED_COMPARIS
                 continue
             key = {"model": m, "comparison": f"{b}_vs_{a}", "a": a, "b": b}
             for svc, s in g.groupby(level="service"):
-                rows.append({**key, "test": "mcnemar_trans_chosen", "stratum": f"{o}/{svc}", **mcnemar_test(s[a], s[b])})
+                rows.append({**key, "test": "mcnemar_trans_chosen", "stratum": f"{o}/{svc}",
+                             **mcnemar_test(s[a], s[b])})
             mag = (g.dropna().groupby(level="service")[[a, b]].mean() - 0.5).abs()
             mag = mag.reindex(g.index.get_level_values("service").unique())
             rows.append({**key, "test": "wilcoxon_bias_magnitude", "stratum": f"{o}/all services",

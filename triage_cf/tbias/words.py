@@ -479,9 +479,10 @@ def paired_bh(table: pd.DataFrame, family: Sequence[str] = ("model", "comparison
 
 # %% ../../nbs/3_tbias/00_words.ipynb #eea55096
 def word_paired_tests(word_rows: pd.DataFrame, iterations: pd.DataFrame, a: str = "en", b: str = "es") -> pd.DataFrame:
-    "Language `b` against `a` on the same iterations: McNemar (stereotyped label) and Wilcoxon (Bias(x)), BH per family."
-    check_paired_keys(word_rows, ["model", "category", "iteration", "word_id", "language"], "word rows")
-    w = word_rows.assign(s=stereotyped(word_rows)).set_index(["model", "category", "iteration", "word_id", "language"])["s"]
+    "Language `b` against `a` on the same iterations: McNemar (stereotyped label), Wilcoxon (Bias(x)), BH per family."
+    keys = ["model", "category", "iteration", "word_id", "language"]
+    check_paired_keys(word_rows, keys, "word rows")
+    w = word_rows.assign(s=stereotyped(word_rows)).set_index(keys)["s"]
     it = iterations.set_index(["model", "category", "iteration", "language"])["bias"]
     rows = []
     if {a, b} <= set(word_rows["language"]):
