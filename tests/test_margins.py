@@ -229,6 +229,19 @@ def test_smoke_chain(smoke_run):
         assert run["stages"][stage]["scan"]["n_findings"] == 0, run["stages"][stage]["scan"]
 
 
+def test_cli_triager_on_the_probe_run(smoke_run, tmp_path, capsys):
+    "`triage-cf triager --probe-run`: the decided level (teacher-forced, never missing) gives the full decision audit."
+    from triage_cf.cli import main
+    out, _, _ = smoke_run
+    args = ["triager", "--probe-run", str(out), "--out", str(tmp_path / "d"), "--level", "decided", "--n-boot", "20"]
+    assert main(args) == 0
+    ranking = pd.read_csv(tmp_path / "d" / "tables" / "triager_ranking.csv")
+    assert ranking["model"].tolist() == ["tiny (decided level)"]
+    assert (tmp_path / "d" / "figures" / "triager_ranking.png").is_file()
+    ps = pd.read_csv(tmp_path / "d" / "tables" / "triager_parse_status.csv")
+    assert (ps["n_ok"] == ps["n_answers"]).all()
+
+
 def test_cli_probe_margins_parser():
     from triage_cf.cli import build_parser
     from triage_cf.margins.cli import overrides_from

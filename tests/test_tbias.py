@@ -11,10 +11,14 @@ from triage_cf.cli import main
 import hashlib
 import json
 
-from triage_cf.tbias.allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_requests, allocation_stats, make_pairs,
-                                        make_patients, parse_choice, run_allocation)
-from triage_cf.tbias.words import (TBIAS_RESOURCE_DIR, association_requests, bias_score, bootstrap_bias, load_words, parse_word_labels,
-                                   word_corpus)
+from scipy import stats
+
+from triage_cf.tbias.allocation import (ALLOCATION_COLUMNS, allocation_corpus, allocation_paired_tests,
+                                        allocation_requests, allocation_stats, make_pairs, make_patients, parse_choice,
+                                        run_allocation)
+from triage_cf.tbias.words import (PAIRED_COLUMNS, TBIAS_RESOURCE_DIR, association_requests, bias_score, bootstrap_bias,
+                                   iteration_counts, load_words, mcnemar_test, parse_word_labels, wilcoxon_test,
+                                   word_corpus, word_paired_tests)
 
 
 # ------------------------------------------------------------------ bias score (B1-B7)
@@ -274,6 +278,55 @@ def test_cli_word_association(tmp_path, capsys):
     assert "line(s) 5" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------ paired tests between conditions and languages
+def test_paired_tests_by_hand():
+    # McNemar: discordant 3 (a only) and 1 (b only), one item invalid in b: exact p = 2 * (1 + 4) / 16
+    m = mcnemar_test([1, 1, 1, 0, 1, 0, 1], [0, 0, 0, 1, 1, 0, np.nan])
+    assert (m["n_paired"], m["n_excluded"], m["n_a_higher"], m["n_b_higher"]) == (6, 1, 3, 1)
+    assert m["p_value"] == pytest.approx(10 / 16)
+    # Wilcoxon without ties: d = 3, 1, -2, 4 -> W- = 2; exact p = 2 * 3 / 16
+    w = wilcoxon_test([0, 1, 2, 0], [3, 2, 0, 4])
+    assert w["statistic"] == 2.0 and w["p_value"] == pytest.approx(6 / 16) and w["method"] == "signed-rank, exact"
+    # with ties (0.5, 0.5 and 1, 1, 1) and a zero: normal approximation, W- = 1.5, variance 13.125
+    wt = wilcoxon_test([0, 0, 0, 0.5, 0, 1], [1, 1, 0.5, 0, 1, 1])
+    assert wt["n_ties"] == 1 and wt["p_value"] == pytest.approx(2 * stats.norm.sf(6 / np.sqrt(13.125)))
+
+
+def _alloc(choose, condition, n=10, language="en", service="gynecology"):
+    return pd.DataFrame([{"model": "m", "language": language, "service": service, "condition": condition,
+                          "pair_id": f"p{i}", "group_1": g1, "group_2": g2,
+                          "position": 1 if choose(i, g1) == g1 else 2, "status": "valid"}
+                         for i in range(n) for g1, g2 in (("cis", "trans"), ("trans", "cis"))])
+
+
+def test_allocation_paired_tests_count_exclusions():
+    sel = _alloc(lambda i, f: "cis", "selection")
+    exp = _alloc(lambda i, f: "trans" if i < 6 and f == "cis" else "cis", "explanation")
+    exp.loc[exp.pair_id == "p9", "status"] = "unparsed"                        # both orders of one pair: left out
+    es = sel.assign(language="es", position=np.where(sel.index < 4, 3 - sel.position, sel.position))
+    t = allocation_paired_tests(pd.concat([sel, exp, es], ignore_index=True))
+    assert list(t.columns[:len(PAIRED_COLUMNS)]) == PAIRED_COLUMNS and t["q_bh"].notna().any()
+    mc = t[(t.comparison == "explanation_vs_selection") & (t.test == "mcnemar_trans_chosen")].iloc[0]
+    assert (mc.stratum, mc.n_paired, mc.n_excluded, mc.n_b_higher, mc.n_a_higher) == ("en/gynecology", 18, 2, 6, 0)
+    assert mc.p_value == pytest.approx(2 / 2 ** 6)
+    lang = t[(t.comparison == "es_vs_en") & (t.test == "mcnemar_trans_chosen")].iloc[0]
+    assert (lang.stratum, lang.n_b_higher, lang.p_value) == ("selection/gynecology", 4, pytest.approx(2 / 2 ** 4))
+    assert "symptoms_vs_selection" not in set(t.comparison)                   # not run: no row
+    with pytest.raises(ValueError, match=r"instances: 2 duplicate row\(s\)"):     # an instance twice: pairing ambiguous
+        allocation_paired_tests(pd.concat([sel, sel.head(2)]))
+
+
+def test_word_paired_tests_spanish_vs_english():
+    wr = pd.DataFrame({"model": "m", "language": ["en"] * 4 + ["es"] * 4, "category": "risk",
+                       "iteration": [0, 0, 1, 1] * 2,
+                       "word_id": ["w1", "w2", "w3", "w4"] * 2, "sentiment": ["negative", "positive"] * 4,
+                       "label": ["trans", "cis", "trans", "cis", "cis", "trans", "trans", None]})
+    t = word_paired_tests(wr, iteration_counts(wr)).set_index(["stratum", "test"])
+    mc = t.loc[("risk", "mcnemar_stereotyped_label")]
+    assert (mc.n_paired, mc.n_excluded, mc.n_a_higher, mc.n_b_higher, mc.p_value) == (3, 1, 2, 0, 0.5)
+    assert t.loc[("risk", "wilcoxon_iteration_bias"), "n_excluded"] == 1      # an undefined Spanish iteration
+
+
 # ------------------------------------------------------------------ the stages end to end (smoke profile, tiny model)
 def test_stages_end_to_end(tmp_path):
     from triage_cf.chain import reproduce
@@ -296,7 +349,14 @@ def test_stages_end_to_end(tmp_path):
     assert (words.n_defined + words.n_undefined == words.n_iterations).all()
     prov = pd.read_csv(tmp_path / "tables" / "tbias_allocation_provenance.csv")
     assert prov.note.str.contains("NOT clinically validated").any()
+    for t in ("tbias_word_paired", "tbias_allocation_paired"):            # paired tests on the shared items
+        paired = pd.read_csv(tmp_path / "tables" / f"{t}.csv")
+        assert paired.template_sha256.str.len().ge(64).all() and set(PAIRED_COLUMNS) <= set(paired.columns), t
+    ap = pd.read_csv(tmp_path / "tables" / "tbias_allocation_paired.csv")
+    assert set(ap.comparison) == {"explanation_vs_selection", "symptoms_vs_selection", "es_vs_en"}
+    assert (ap[ap.test == "mcnemar_trans_chosen"].eval("n_paired + n_excluded") == 2).all()   # 1 pair, 2 orders
     report = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "tbias_fig1_word_bias" in report and "tbias_allocation" in report
+    assert "tbias_allocation_paired" in report and "tbias_word_paired" in report
     again = reproduce("synth-en", "tbias-smoke", out=tmp_path, quiet=True)   # unchanged: nothing re-runs
     assert {r.status for r in again} == {"skipped"}

@@ -13,9 +13,10 @@ import pytest
 from scipy import stats
 
 from triage_cf.cli import main
-from triage_cf.margins.triager import (YB_VARIANTS, audit_answers, audit_yentlbench, boundary_crossings,
-                                       complete_cases, mcnemar_paired, omnibus_tests, pairwise_table,
-                                       parse_status_table, read_yentlbench, transitions_table, write_run_file)
+from triage_cf.margins.triager import (FROM_PROBE_VARIANT, YB_VARIANTS, answers_from_probe, audit_answers,
+                                       audit_yentlbench, boundary_crossings, complete_cases, mcnemar_paired,
+                                       omnibus_tests, pairwise_table, parse_status_table, read_yentlbench,
+                                       transitions_table, write_run_file, write_triager_outputs)
 
 # five vignettes counted by hand (nurse level y; one column per variant)
 P = pd.DataFrame({"nb_ambiguous": [2, 2, 3, 2, 3], "female": [3, 3, 3, 2, 4], "male": [2, 2, 2, 2, 3],
@@ -105,6 +106,38 @@ def test_cli_writes_one_csv_per_analysis(tmp_path):
     assert list(pw.columns[:3]) == ["model", "variant_a", "variant_b"] and len(pw) == 12
     assert (tmp_path / "out" / "figures" / "triager_ranking.png").exists()
     assert main(["triager", "--yentlbench", str(tmp_path / "nothing"), "--out", str(tmp_path / "o2")]) == 2
+
+
+def _probe_rows(written: dict, decided: dict) -> pd.DataFrame:
+    "A probe stage's vignette_metrics rows: the five hand-counted vignettes of P, two stays per patient."
+    to_yb = FROM_PROBE_VARIANT
+    rows = [{"vignette_id": f"3000{i}", "subject_id": f"p{i // 2}", "true_level": int(Y[i]), "category": "other",
+             "variant": pv, "written_level": written[to_yb[pv]][i], "decided_level": decided[to_yb[pv]][i],
+             "outcome": "ok", "delta_m": 0.5 + i}
+            for i in range(len(Y)) for pv in to_yb]
+    return pd.DataFrame(rows)
+
+
+def test_probe_path_with_levels(tmp_path):
+    """The probe stage's path (answers_from_probe -> audit_answers(strict=False) -> write_triager_outputs) with written
+    levels gives every table and both figures, and the hand-counted numbers; `decided` reads the other column."""
+    written = {v: P[v].tolist() for v in YB_VARIANTS}
+    decided = {v: [3] * len(Y) for v in YB_VARIANTS}
+    vm = _probe_rows(written, decided)
+    dm = {"reference_delta_m": {"m": vm[vm["variant"] == "omitted"].set_index("vignette_id")["delta_m"]}}
+    t = audit_answers(answers_from_probe(vm, "m"), n_boot=30, difficulty=dm, strict=False)
+    assert {"ranking", "pairwise", "omnibus", "transitions", "tests", "review_list"} <= set(t)
+    assert t["omnibus"]["cochran_q"].iloc[0] == pytest.approx(57 / 13)
+    assert set(t["difficulty"]["difficulty"]) == {"baseline_error", "reference_delta_m"}
+    w = write_triager_outputs(t, tmp_path / "tables", tmp_path / "figures", prefix="margins_triager")
+    assert (tmp_path / "figures" / "margins_triager_ranking.png").exists() and "figure_change_heatmap" in w
+    d = audit_answers(answers_from_probe(vm, "m", level="decided"), n_boot=30, strict=False)
+    assert d["ranking"]["model"].tolist() == ["m (decided level)"]
+    assert d["ranking"]["mean_pairwise_disagreement"].iloc[0] == 0.0
+    # no written level at all (SmolLM2): the counting tables only, every answer counted as no_level_written
+    mute = audit_answers(answers_from_probe(vm.assign(written_level=None), "m"), n_boot=30, strict=False)
+    assert set(mute) == {"parse_status", "exclusions"}
+    assert mute["parse_status"]["n_no_level_written"].sum() == 4 * len(Y)
 
 
 REAL = Path(os.environ.get("TRIAGE_CF_DATA", "../shared/data")) / "yentlbench-results" / "results"

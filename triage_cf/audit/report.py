@@ -963,9 +963,13 @@ TBIAS_LAYOUT = [
     ("tbias_word_bias", ["tbias_fig1_word_bias"], "Word association: bias score per category with 95% bootstrap CIs."),
     ("tbias_word_explicit", [], "Word association: the explicit control question."),
     ("tbias_word_parse", [], "Word association: share of invalid answers."),
+    ("tbias_word_paired", [], "Word association: Spanish vs English on the same iterations (McNemar, Wilcoxon, "
+     "BH within the model)."),
     ("tbias_word_lists", [], "Word lists per category."),
     ("tbias_word_provenance", [], "Word association: resources (sha256) and model."),
     ("tbias_allocation", ["tbias_fig2_selection_"], "Allocation: rate at which the transgender patient is chosen, per service and condition."),
+    ("tbias_allocation_paired", [], "Allocation: explanation vs selection, symptoms vs selection, Spanish vs English "
+     "on the same instances (McNemar per service, Wilcoxon of the bias magnitude over services, BH)."),
     ("tbias_position", [], "Allocation: position consistency and first-position rate."),
     ("tbias_refusals", [], "Allocation: refusals and unparsed answers."),
     ("tbias_explicit_allocation", [], "Allocation: the explicit control question."),

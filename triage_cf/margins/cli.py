@@ -150,8 +150,9 @@ def register_margins(subparsers) -> None:
 
 # --- `triage-cf triager`: the decision audit of YentlBench's runs or of a probe run ----------------------------------------
 
-def _probe_answers(run: Path) -> pd.DataFrame:
-    "The answer table of a chain run's probe rows (data/margins.duckdb; chief complaints from data/vignettes.csv)."
+def _probe_answers(run: Path, level: str = "written") -> pd.DataFrame:
+    """The answer table of a chain run's probe rows (data/margins.duckdb; chief complaints from data/vignettes.csv),
+    of the written or the decided level."""
     db = run / "data" / "margins.duckdb"
     if not db.is_file():
         raise ValueError(f"{db} not found: run the margins stages first (triage-cf probe-margins)")
@@ -163,7 +164,7 @@ def _probe_answers(run: Path) -> pd.DataFrame:
         vm = store.table("vignette_metrics", last["experiment_id"])
     vig_path = run / "data" / "vignettes.csv"
     vig = pd.read_csv(vig_path, dtype={"vignette_id": str}) if vig_path.is_file() else None
-    return answers_from_probe(vm, str(last["model"]), vig)
+    return answers_from_probe(vm, str(last["model"]), vig, level=level)
 
 
 def _cmd_triager(args) -> int:
@@ -173,10 +174,11 @@ def _cmd_triager(args) -> int:
             answers, tables = audit_yentlbench(args.yentlbench, n_boot=args.n_boot, seed=args.seed,
                                                check=not args.no_check)
         else:
-            answers = _probe_answers(Path(args.probe_run))
+            answers = _probe_answers(Path(args.probe_run), args.level)
             tables = audit_answers(answers, n_boot=args.n_boot, seed=args.seed)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        hint = " (a model that writes no level: --level decided)" if args.probe_run and args.level == "written" else ""
+        print(f"error: {exc}{hint}", file=sys.stderr)
         return 2
     write_table(answers, out / "data", "triager_answers")
     write_triager_outputs(tables, out / "tables", out / "figures", prefix="triager")
@@ -198,6 +200,9 @@ def register_triager(subparsers) -> None:
     p.add_argument("--out", required=True, help="output folder (tables/, figures/, data/)")
     p.add_argument("--no-check", dest="no_check", action="store_true",
                    help="do not match the vignettes against the chain's (mimic-iv-ed-demo under the data root)")
+    p.add_argument("--level", choices=["written", "decided"], default="written",
+                   help="--probe-run: audit the written level (YentlBench's, default) or the level decided after the "
+                        "answer prefix (a model that writes no level, e.g. SmolLM2-135M)")
     p.add_argument("--n-boot", dest="n_boot", type=int, default=1000, help="cluster-bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.set_defaults(func=_cmd_triager)

@@ -28,15 +28,16 @@ from .measures import (complaint_categories, load_design, load_templates, make_v
 
 # %% auto #0
 __all__ = ['YB_VARIANTS', 'YB_REFERENCE', 'YB_LABELLED', 'FROM_PROBE_VARIANT', 'ESI_LEVELS', 'ANSWER_COLUMNS',
-           'YB_PARSE_STATUSES', 'RUN_FILE_RE', 'NOTE_MARKER', 'NOTE_RE', 'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS',
-           'run_file_names', 'vignette_key', 'vignette_id_of', 'note_fields', 'subrun_answer', 'read_run_file',
-           'read_yentlbench', 'yentlbench_prompt', 'write_run_file', 'parse_status_table', 'complete_cases',
-           'answers_from_probe', 'match_chain_vignettes', 'with_patients', 'cluster_resamples', 'percentile_ci',
-           'weighted_kappa', 'accuracy_metrics', 'accuracy_table', 'change_vs_reference', 'risk_class', 'variant_pairs',
+           'YB_PARSE_STATUSES', 'RUN_FILE_RE', 'NOTE_MARKER', 'NOTE_RE', 'PROBE_LEVELS', 'NO_PROBE_LEVEL',
+           'MATCH_FIELDS', 'TRIAGER_TEST_COLUMNS', 'RECORD_LEVEL_TABLES', 'RANKING_SHOWN', 'run_file_names',
+           'vignette_key', 'vignette_id_of', 'note_fields', 'subrun_answer', 'read_run_file', 'read_yentlbench',
+           'yentlbench_prompt', 'write_run_file', 'parse_status_table', 'complete_cases', 'answers_from_probe',
+           'match_chain_vignettes', 'with_patients', 'cluster_resamples', 'percentile_ci', 'weighted_kappa',
+           'accuracy_metrics', 'accuracy_table', 'change_vs_reference', 'risk_class', 'variant_pairs',
            'transitions_table', 'boundary_crossings', 'cohens_h', 'mcnemar_paired', 'pairwise_table', 'omnibus_tests',
            'information_table', 'strata_table', 'difficulty_table', 'sensitivity_scores', 'sensitivity_row',
            'review_list', 'tests_table', 'audit_model', 'models_missing', 'audit_answers', 'figure_ranking',
-           'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes', 'audit_yentlbench']
+           'figure_change_heatmap', 'write_triager_outputs', 'seed_vignettes', 'audit_yentlbench', 'ranking_display']
 
 # %% ../../nbs/2_margins/02_triager.ipynb #45164409
 YB_VARIANTS = ("nb_ambiguous", "female", "male", "nb_label_only")
@@ -199,17 +200,24 @@ def complete_cases(answers: pd.DataFrame, model: str) -> tuple[pd.DataFrame, pd.
     return full.astype(int), info.astype({"actual_level": int}), row
 
 # %% ../../nbs/2_margins/02_triager.ipynb #55649970
+PROBE_LEVELS = {"written": "written_level", "decided": "decided_level"}
+NO_PROBE_LEVEL = {"written": "no_level_written", "decided": "no_decided_level"}
+
 def answers_from_probe(vm: pd.DataFrame, model: str, vignettes: pd.DataFrame | None = None,
-                       levels: Sequence[int] = ESI_LEVELS) -> pd.DataFrame:
-    "The answer table of a probe run's per-vignette rows `vm` (chief complaints from its `vignettes.csv` when given)."
+                       levels: Sequence[int] = ESI_LEVELS, level: str = "written") -> pd.DataFrame:
+    """The answer table of a probe run's per-vignette rows `vm` (chief complaints from its `vignettes.csv` when given);
+    `level`: the written level (YentlBench's decision) or the decided one (model labelled `<model> (decided level)`)."""
+    if level not in PROBE_LEVELS:
+        raise ValueError(f"level {level!r}: not one of {sorted(PROBE_LEVELS)}")
     unknown = sorted(set(vm["variant"]) - set(FROM_PROBE_VARIANT))
     if unknown:
         raise ValueError(f"vignette_metrics: column 'variant' has {len(unknown)} unknown value(s) {unknown}")
-    w = pd.to_numeric(vm["written_level"], errors="coerce")
+    w = pd.to_numeric(vm[PROBE_LEVELS[level]], errors="coerce")
     ok = w.isin([float(x) for x in levels])
     outcome = vm["outcome"].astype("string").fillna("no_level_written")
-    status = np.where(ok, "ok", np.where(outcome == "ok", "no_level_written", outcome))
-    out = pd.DataFrame({"model": model, "variant": vm["variant"].map(FROM_PROBE_VARIANT),
+    status = np.where(ok, "ok", np.where(outcome == "ok", NO_PROBE_LEVEL[level], outcome))
+    out = pd.DataFrame({"model": model if level == "written" else f"{model} (decided level)",
+                        "variant": vm["variant"].map(FROM_PROBE_VARIANT),
                         "vignette_id": vm["vignette_id"].astype(str), "subject_id": vm["subject_id"].astype(str),
                         "actual_level": pd.to_numeric(vm["true_level"], errors="coerce"),
                         "predicted_level": w.where(ok), "parse_status": status,
@@ -617,10 +625,15 @@ def figure_change_heatmap(change: pd.DataFrame):
     return fig
 
 # %% ../../nbs/2_margins/02_triager.ipynb #58ba20cc
+#: Tables with one row per vignette (its id, its complaint): record-level where the vignettes are a dataset's records.
+RECORD_LEVEL_TABLES = ("review_list",)
+
 def write_triager_outputs(tables: dict, tables_dir: str | Path, figures_dir: str | Path,
-                          prefix: str = "triager") -> dict:
-    "Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}."
-    out = {k: write_table(t, tables_dir, f"{prefix}_{k}") for k, t in tables.items()}
+                          prefix: str = "triager", record_dir: str | Path | None = None) -> dict:
+    """Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}. With `record_dir`
+    (a chain run's `data/`), the record-level tables go there instead of `tables_dir`."""
+    out = {k: write_table(t, record_dir if record_dir is not None and k in RECORD_LEVEL_TABLES else tables_dir,
+                          f"{prefix}_{k}") for k, t in tables.items()}
     if "ranking" not in tables:
         return out
     for name, fig in (("ranking", figure_ranking(tables["ranking"])),
@@ -654,3 +667,21 @@ def audit_yentlbench(folder: str | Path, n_boot: int = 1000, seed: int = 0, chec
     tables = audit_answers(answers, n_boot=n_boot, seed=seed)
     tables["vignette_match"] = pd.DataFrame([summary])
     return answers, tables
+
+# %% ../../nbs/2_margins/02_triager.ipynb #1c308b31
+RANKING_SHOWN = {"mean_pairwise_disagreement": "mean pairwise disagreement", "female_male_differ": "female ≠ male",
+                 "any_change_vs_reference": "any change vs nb_ambiguous", "pss_yb": "PSS (YB)"}
+
+def ranking_display(summary: dict) -> pd.DataFrame:
+    "The ranking of a `benchmarks/triager_yentlbench.json` summary: each score as `value [low, high]`, omnibus tests."
+    r = pd.DataFrame(summary["ranking"]).set_index("model")
+    om = pd.DataFrame(summary["omnibus"]).set_index("model").reindex(r.index)
+    sig = pd.DataFrame(summary["tests_q_below_005"]).set_index("model").reindex(r.index)
+    out = pd.DataFrame({"rank": r["rank"]}, index=r.index)
+    for k, name in RANKING_SHOWN.items():
+        out[name] = [f"{v:.3f} [{lo:.3f}, {hi:.3f}]" for v, lo, hi in r[[k, f"{k}_ci_low", f"{k}_ci_high"]].to_numpy()]
+    out["rank by PSS (YB)"] = r["rank_pss_yb"]
+    out["Cochran's Q p"] = om["cochran_p"].map("{:.3g}".format)
+    out["Friedman p"] = om["friedman_p"].map("{:.3g}".format)
+    out["tests q < 0.05"] = [f"{int(s)} / {int(n)}" for s, n in sig[["n_q_below_005", "n_tests"]].to_numpy()]
+    return out.sort_values("rank").reset_index()

@@ -18,16 +18,17 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from ..core import sha256_text, write_table
-from .words import (TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, csv_line_numbers, read_answers_csv, keyed_rng, load_prompts, normalize,
-                                   read_corpus, run_generation)
+from .words import (PAIRED_COLUMNS, TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, check_paired_keys, csv_line_numbers,
+                                   read_answers_csv, keyed_rng, load_prompts, mcnemar_test, normalize, paired_bh,
+                                   read_corpus, run_generation, wilcoxon_test)
 
 # %% auto #0
 __all__ = ['IDENTITIES', 'PATIENT_SEED', 'SERVICE_POOLS', 'SERVICES', 'CONDITIONS', 'ALLOCATION_KEYS', 'ALLOCATION_COLUMNS',
-           'BYO_ALLOCATION_COLUMNS', 'load_names', 'make_patients', 'patients_sha256', 'load_symptoms', 'make_pairs',
-           'allocation_template', 'allocation_template_sha256', 'allocation_messages', 'allocation_requests',
-           'parse_choice', 'allocation_corpus', 'wilson', 'allocation_stats', 'explicit_allocation_requests',
-           'parse_yes_no', 'parse_instances', 'run_allocation', 'selection_figure', 'patients_figure',
-           'allocation_from_csv']
+           'PAIRED_COMPARISONS', 'BYO_ALLOCATION_COLUMNS', 'load_names', 'make_patients', 'patients_sha256',
+           'load_symptoms', 'make_pairs', 'allocation_template', 'allocation_template_sha256', 'allocation_messages',
+           'allocation_requests', 'parse_choice', 'allocation_corpus', 'wilson', 'allocation_stats', 'trans_chosen',
+           'allocation_paired_tests', 'explicit_allocation_requests', 'parse_yes_no', 'parse_instances',
+           'run_allocation', 'selection_figure', 'patients_figure', 'allocation_from_csv']
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #f4cb427f
 #: identity -> (group, sex assigned at birth)
@@ -360,6 +361,40 @@ def allocation_stats(instances: pd.DataFrame, n_boot: int = 2000, seed: int = 0)
     if has.any():
         df.loc[has, "q_value"] = multipletests(df.loc[has, "sign_test_p"].to_numpy(float), method="fdr_bh")[1]
     return df
+
+# %% ../../nbs/3_tbias/01_allocation.ipynb #276bbf97
+#: (factor, a, b): the paired comparisons of the allocation task, b against a.
+PAIRED_COMPARISONS = (("condition", "selection", "explanation"), ("condition", "selection", "symptoms"),
+                      ("language", "en", "es"))
+
+def trans_chosen(instances: pd.DataFrame) -> pd.Series:
+    "1 where a valid answer chose the transgender candidate, 0 the cisgender one, NaN refused or unparsed."
+    chosen = np.where(instances["position"] == 1, instances["group_1"], instances["group_2"])
+    return pd.Series(np.where(chosen == "trans", 1.0, 0.0), index=instances.index).where(instances["status"] == "valid")
+
+# %% ../../nbs/3_tbias/01_allocation.ipynb #0311b7db
+def allocation_paired_tests(instances: pd.DataFrame, comparisons=PAIRED_COMPARISONS) -> pd.DataFrame:
+    "McNemar per service and Wilcoxon over services (bias magnitude) between the two sides of each comparison."
+    check_paired_keys(instances, ["model", "language", "condition", "service", "pair_id", "group_1"], "instances")
+    d, rows = instances.assign(t=trans_chosen(instances)), []
+    for by, a, b in comparisons:
+        if not {a, b} <= set(d[by]):
+            continue
+        other = "language" if by == "condition" else "condition"
+        w = d[d[by].isin([a, b])].set_index(["model", other, "service", "pair_id", "group_1", by])["t"].unstack(by)
+        ran = set(map(tuple, d[["model", other, by]].drop_duplicates().to_numpy()))
+        for (m, o), g in w.groupby(level=["model", other]):
+            if not {(m, o, a), (m, o, b)} <= ran:
+                continue
+            key = {"model": m, "comparison": f"{b}_vs_{a}", "a": a, "b": b}
+            for svc, s in g.groupby(level="service"):
+                rows.append({**key, "test": "mcnemar_trans_chosen", "stratum": f"{o}/{svc}",
+                             **mcnemar_test(s[a], s[b])})
+            mag = (g.dropna().groupby(level="service")[[a, b]].mean() - 0.5).abs()
+            mag = mag.reindex(g.index.get_level_values("service").unique())
+            rows.append({**key, "test": "wilcoxon_bias_magnitude", "stratum": f"{o}/all services",
+                         **wilcoxon_test(mag[a], mag[b])})
+    return paired_bh(pd.DataFrame(rows, columns=PAIRED_COLUMNS))
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #98344360
 def explicit_allocation_requests(languages: Sequence[str] = TBIAS_LANGUAGES, services: Sequence[str] = SERVICES) -> pd.DataFrame:

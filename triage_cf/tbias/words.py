@@ -16,17 +16,21 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from scipy import stats
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
 
 from ..core import read_yaml, resource_path, sha256_file, sha256_text, write_table
 from ..llm import make_client, tiny_causal_lm, tiny_tokenizer
 
 # %% auto #0
-__all__ = ['TBIAS_RESOURCE_DIR', 'CATEGORIES', 'TBIAS_LANGUAGES', 'TEMPLATE_SETS', 'ITER_KEYS', 'WA_COLUMNS', 'resource_sha256',
-           'load_prompts', 'load_words', 'normalize', 'keyed_rng', 'sample_iterations', 'association_template',
-           'association_prompt', 'association_requests', 'parse_word_labels', 'read_corpus', 'word_corpus',
-           'bias_score', 'bootstrap_bias', 'score_answers', 'iteration_counts', 'bias_table', 'explicit_requests',
-           'parse_explicit', 'run_generation', 'run_word_association', 'make_tb_client', 'model_label', 'bias_figure',
-           'csv_line_numbers', 'read_answers_csv', 'word_association_from_csv']
+__all__ = ['TBIAS_RESOURCE_DIR', 'CATEGORIES', 'TBIAS_LANGUAGES', 'TEMPLATE_SETS', 'ITER_KEYS', 'PAIRED_COLUMNS', 'WA_COLUMNS',
+           'resource_sha256', 'load_prompts', 'load_words', 'normalize', 'keyed_rng', 'sample_iterations',
+           'association_template', 'association_prompt', 'association_requests', 'parse_word_labels', 'read_corpus',
+           'word_corpus', 'bias_score', 'bootstrap_bias', 'score_answers', 'iteration_counts', 'bias_table',
+           'mcnemar_test', 'wilcoxon_test', 'stereotyped', 'check_paired_keys', 'paired_bh', 'word_paired_tests',
+           'explicit_requests', 'parse_explicit', 'run_generation', 'run_word_association', 'make_tb_client',
+           'model_label', 'bias_figure', 'csv_line_numbers', 'read_answers_csv', 'word_association_from_csv']
 
 # %% ../../nbs/3_tbias/00_words.ipynb #64fe17f4
 TBIAS_RESOURCE_DIR = resource_path("tbias")
@@ -412,6 +416,84 @@ def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
                      "aggregation": "mean of per-iteration scores (bias); pooled counts (bias_pooled)", "n_boot": n_boot,
                      **{c: ",".join(sorted(set(g[c].dropna()))) for c in ("template_set", "template_sha256") if c in g.columns}})
     return pd.DataFrame(rows)
+
+# %% ../../nbs/3_tbias/00_words.ipynb #92d9b9ee
+PAIRED_COLUMNS = ["model", "comparison", "test", "stratum", "a", "b", "n_paired", "n_excluded", "n_ties", "mean_a",
+                  "mean_b", "n_a_higher", "n_b_higher", "statistic", "p_value", "method"]
+
+def _paired(x_a, x_b) -> tuple[np.ndarray, np.ndarray, int]:
+    a, b = (pd.to_numeric(pd.Series(np.asarray(v, dtype=float)), errors="coerce").to_numpy() for v in (x_a, x_b))
+    ok = ~np.isnan(a) & ~np.isnan(b)
+    return a[ok], b[ok], int((~ok).sum())
+
+def mcnemar_test(x_a, x_b) -> dict:
+    "McNemar's test of paired binary outcomes (1/0; NaN: the item is left out and counted)."
+    a, b, n_ex = _paired(x_a, x_b)
+    n10, n01 = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    out = {"n_paired": len(a), "n_excluded": n_ex, "n_ties": len(a) - n10 - n01, "n_a_higher": n10, "n_b_higher": n01,
+           "mean_a": float(a.mean()) if len(a) else np.nan, "mean_b": float(b.mean()) if len(b) else np.nan}
+    if not len(a):
+        return {**out, "statistic": np.nan, "p_value": np.nan, "method": "no paired item"}
+    exact = n10 + n01 < 25
+    r = mcnemar([[int(((a == 1) & (b == 1)).sum()), n10], [n01, int(((a == 0) & (b == 0)).sum())]], exact=exact)
+    return {**out, "statistic": float(r.statistic), "p_value": float(r.pvalue),
+            "method": "exact binomial" if exact else "chi-square, continuity-corrected"}
+
+# %% ../../nbs/3_tbias/00_words.ipynb #be1ee4f2
+def wilcoxon_test(s_a, s_b) -> dict:
+    "Wilcoxon's signed-rank test of paired scores (NaN: the item is left out and counted), b against a."
+    a, b, n_ex = _paired(s_a, s_b)
+    d = np.round(b - a, 12)                 # equal differences of shares tie exactly
+    nz = np.abs(d[d != 0])
+    out = {"n_paired": len(a), "n_excluded": n_ex, "n_ties": int((d == 0).sum()), "n_a_higher": int((d < 0).sum()),
+           "n_b_higher": int((d > 0).sum()), "mean_a": float(a.mean()) if len(a) else np.nan,
+           "mean_b": float(b.mean()) if len(b) else np.nan}
+    if not len(a):
+        return {**out, "statistic": np.nan, "p_value": np.nan, "method": "no paired item"}
+    if not len(nz):
+        return {**out, "statistic": 0.0, "p_value": 1.0, "method": "no non-zero difference"}
+    exact = len(np.unique(nz)) == len(nz) and len(nz) <= 50
+    r = stats.wilcoxon(d, zero_method="wilcox", correction=False, method="exact" if exact else "approx")
+    return {**out, "statistic": float(r.statistic), "p_value": float(r.pvalue),
+            "method": "signed-rank, exact" if exact else "signed-rank, normal approximation (tie-corrected)"}
+
+# %% ../../nbs/3_tbias/00_words.ipynb #59c1ffbb
+def stereotyped(word_rows: pd.DataFrame) -> pd.Series:
+    "1 where a word got the stereotyped label (negative -> trans, positive -> cis), 0 the other label, NaN invalid."
+    lab = word_rows["label"].where(word_rows["label"].isin(["cis", "trans"]))
+    hit = (lab == "trans") == (word_rows["sentiment"] == "negative")
+    return hit.astype(float).where(lab.notna())
+
+def check_paired_keys(df: pd.DataFrame, keys: Sequence[str], what: str) -> None:
+    "Refuse a table where one paired item appears twice (the pairing would be ambiguous), naming the count."
+    dup = int(df.duplicated(list(keys)).sum())
+    if dup:
+        raise ValueError(f"{what}: {dup} duplicate row(s) of ({', '.join(keys)}): each item once per side")
+
+def paired_bh(table: pd.DataFrame, family: Sequence[str] = ("model", "comparison")) -> pd.DataFrame:
+    "`table` with `q_bh`: Benjamini-Hochberg q-values within each family (the tests with a p-value)."
+    t = table.assign(q_bh=np.nan, family=table[list(family)].astype(str).agg(" / ".join, axis=1) if len(table) else "")
+    for _, g in t[t["p_value"].notna()].groupby("family"):
+        t.loc[g.index, "q_bh"] = multipletests(g["p_value"].to_numpy(float), method="fdr_bh")[1]
+    return t
+
+# %% ../../nbs/3_tbias/00_words.ipynb #eea55096
+def word_paired_tests(word_rows: pd.DataFrame, iterations: pd.DataFrame, a: str = "en", b: str = "es") -> pd.DataFrame:
+    "Language `b` against `a` on the same iterations: McNemar (stereotyped label), Wilcoxon (Bias(x)), BH per family."
+    keys = ["model", "category", "iteration", "word_id", "language"]
+    check_paired_keys(word_rows, keys, "word rows")
+    w = word_rows.assign(s=stereotyped(word_rows)).set_index(keys)["s"]
+    it = iterations.set_index(["model", "category", "iteration", "language"])["bias"]
+    rows = []
+    if {a, b} <= set(word_rows["language"]):
+        W, I = w.unstack("language"), it.unstack("language")
+        for m in sorted(W.index.get_level_values("model").unique()):
+            for cat in [*sorted(W.loc[m].index.get_level_values("category").unique()), "all"]:
+                ws, its = (X.loc[m] if cat == "all" else X.loc[(m, cat)] for X in (W, I))
+                key = {"model": m, "comparison": f"{b}_vs_{a}", "stratum": cat, "a": a, "b": b}
+                rows += [{**key, "test": "mcnemar_stereotyped_label", **mcnemar_test(ws[a], ws[b])},
+                         {**key, "test": "wilcoxon_iteration_bias", **wilcoxon_test(its[a], its[b])}]
+    return paired_bh(pd.DataFrame(rows, columns=PAIRED_COLUMNS))
 
 # %% ../../nbs/3_tbias/00_words.ipynb #008893e7
 def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES, categories: Sequence[str] = CATEGORIES,
