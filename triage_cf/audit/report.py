@@ -951,14 +951,13 @@ MARGINS_LAYOUT = [
     ("margins_wilcoxon", [], "Paired Wilcoxon tests with Benjamini–Hochberg q-values."),
     ("margins_accuracy_by_variant", [], "Accuracy, under- and over-triage by variant."),
     ("margins_tar", [], "Thinking-token allocation ratio (TAR)."),
-    ("margins_triager_ranking", ["margins_triager_ranking"], "Decision audit (YentlBench): sex sensitivity of the written level, mean pairwise disagreement with 95% cluster-bootstrap CIs."),
+    ("margins_triager_ranking", ["margins_triager_ranking"], "Decision audit (YentlBench): sex sensitivity of the level (written, or decided where the model's name says so), mean pairwise disagreement with 95% cluster-bootstrap CIs."),
     ("margins_triager_parse_status", [], "Decision audit: answers by parse status, per variant."),
     ("margins_triager_accuracy", [], "Decision audit: accuracy, kappas, MAE, within one level and under-triage of ESI 1-2 by variant, with CIs."),
     ("margins_triager_change_vs_reference", ["margins_triager_change_heatmap"], "Decision audit: change of the level against nb_ambiguous (Wilcoxon, sign test)."),
     ("margins_triager_pairwise", [], "Decision audit: pairwise McNemar with Cohen's h, on correctness and on the ESI 2-3 direction."),
     ("margins_triager_omnibus", [], "Decision audit: Cochran's Q and Friedman across the four variants."),
-    ("margins_triager_tests", [], "Decision audit: every test, Benjamini-Hochberg q-values within the model."),
-    ("margins_triager_review_list", [], "Decision audit: the vignettes whose level changes most across the variants (ids and chief complaint only).")]
+    ("margins_triager_tests", [], "Decision audit: every test, Benjamini-Hochberg q-values within the model.")]
 TBIAS_LAYOUT = [
     ("tbias_word_bias", ["tbias_fig1_word_bias"], "Word association: bias score per category with 95% bootstrap CIs."),
     ("tbias_word_explicit", [], "Word association: the explicit control question."),
