@@ -156,3 +156,14 @@ def test_the_60_real_files():
     # the nurse's levels of the 70: ESI 1/2/3 = 4/41/25 (as the chain's seed001 vignettes)
     lv = answers.drop_duplicates("vignette_id")["actual_level"].value_counts().to_dict()
     assert lv == {2.0: 41, 3.0: 25, 1.0: 4}
+
+
+def test_the_data_roots_layout_is_read(tmp_path):
+    "A folder whose run files sit in `results/` (YentlBench's repository, the data root) reads as the folder itself."
+    (tmp_path / "results").mkdir()
+    for v in YB_VARIANTS:
+        write_run_file(tmp_path / "results", "m", v, [("chest pain", 2, 2), ("cough", 4, 3)])
+    a = read_yentlbench(tmp_path)
+    assert len(a) == 2 * len(YB_VARIANTS) and set(a.variant) == set(YB_VARIANTS)
+    with pytest.raises(ValueError, match="no \\*.run.json file"):
+        read_yentlbench(tmp_path / "results" / "nothing-here")

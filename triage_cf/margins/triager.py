@@ -130,10 +130,11 @@ def read_run_file(path: str | Path, levels: Sequence[int] = ESI_LEVELS) -> pd.Da
 
 # %% ../../nbs/2_margins/02_triager.ipynb #1ef8a976
 def read_yentlbench(folder: str | Path, levels: Sequence[int] = ESI_LEVELS) -> pd.DataFrame:
-    "The answer table (`ANSWER_COLUMNS`) of a folder of YentlBench `*.run.json` files."
-    files = sorted(Path(folder).glob("*.run.json"))
+    """The answer table (`ANSWER_COLUMNS`) of a folder of YentlBench `*.run.json` files (or of its `results/`
+    subfolder, as their repository and the data root lay them out)."""
+    files = sorted(Path(folder).glob("*.run.json")) or sorted(Path(folder).glob("results/*.run.json"))
     if not files:
-        raise ValueError(f"{folder}: no *.run.json file")
+        raise ValueError(f"{folder}: no *.run.json file (nor in {folder}/results/)")
     a = pd.concat([read_run_file(f, levels) for f in files], ignore_index=True)
     twice = a.drop_duplicates(["model", "variant", "source"]).duplicated(["model", "variant"], keep=False)
     if twice.any():
