@@ -51,8 +51,9 @@ SOFT = "NMDF_expected"
 
 
 def audit_key(a: dict) -> str:
-    return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}"
-            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", **a))
+    return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}"
+            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "",
+                    q={"notes": "_qnotes", "tabular": "_qtab"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
 def synth_knobs(dataset: str, n_records: int, case_mix: float, scale: float) -> dict:
@@ -84,13 +85,15 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
     "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws, g on re-sexed records."
     from triage_cf.audit.baselines import record_texts
     from triage_cf.audit.null_control import (null_sexes, other_sex_rewrites, permute_sex, rewritable, sex_case_mix_auc,
-                                              sex_propensity)
+                                              sex_neutral_notes, sex_propensity)
     t = time.perf_counter()
     train, lang, tf = d["train"], d["lang"], d["text_fields"]
     rewrites = other_sex_rewrites(train, tf, lang)
     eligible = rewritable(rewrites, tf, len(train))
     q = np.full(len(train), np.nan)
-    q[eligible] = sex_propensity(train.loc[eligible])
+    notes = sex_neutral_notes(train, tf, rewrites) if a["propensity"] == "notes" else None
+    q[eligible] = sex_propensity(train.loc[eligible], None if notes is None else [notes[i] for i in np.flatnonzero(eligible)],
+                                 seed=a["seed"])
     sexes = null_sexes(train, eligible, a["K"] + 1, a["seed"], method=a["null"], q=q)
     texts = [record_texts(permute_sex(train, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
              for s in sexes]
@@ -224,7 +227,7 @@ def tasks(args) -> list[dict]:
     out = []
     for n, ds, cm, x, s in itertools.product(args.sizes, args.datasets, args.case_mix, args.scales, range(args.seeds)):
         out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
-                        K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed)))
+                        K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity))
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
 
@@ -280,17 +283,19 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
     "Pool the finished audits of the cache into the results JSON (and figure): per cell and per case mix pooled."
     rs = [json.loads(p.read_text()) for p in sorted(cache.glob("v*.json"))]
     rs = [r for r in rs if r.get("version") == VERSION]
-    key = lambda r: (r["null"], r["shared_seed"], r["dataset"], r["n_records"], r["case_mix"], r["scale"])
+    for r in rs:
+        r.setdefault("propensity", "tabular-insample")   # audits before cross-fitting: q fitted in-sample
+    key = lambda r: (r["null"], r["propensity"], r["shared_seed"], r["dataset"], r["n_records"], r["case_mix"], r["scale"])
     cells = []
     for k, g in itertools.groupby(sorted(rs, key=key), key=key):
         g = list(g)
-        cells.append(dict(zip(("null", "shared_seed", "dataset", "n_records", "case_mix", "scale"), k),
+        cells.append(dict(zip(("null", "propensity", "shared_seed", "dataset", "n_records", "case_mix", "scale"), k),
                           K=g[0]["K"], seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
     pooled = []
-    pk = lambda r: (r["null"], r["shared_seed"], r["case_mix"])
+    pk = lambda r: (r["null"], r["propensity"], r["shared_seed"], r["case_mix"])
     for k, g in itertools.groupby(sorted([r for r in rs if r["scale"] == 0], key=pk), key=pk):
         g = list(g)
-        pooled.append(dict(zip(("null", "shared_seed", "case_mix"), k), sizes=sorted({r["n_records"] for r in g}),
+        pooled.append(dict(zip(("null", "propensity", "shared_seed", "case_mix"), k), sizes=sorted({r["n_records"] for r in g}),
                            datasets=sorted({r["dataset"] for r in g}), **_cell(g, alpha)))
     out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, model="RF", n_audits=len(rs),
                machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
@@ -371,6 +376,9 @@ def main(argv=None) -> None:
     r.add_argument("--K", type=int, default=9)
     r.add_argument("--null", choices=["conditional", "uniform"], default="conditional")
     r.add_argument("--shared-seed", action="store_true")
+    r.add_argument("--propensity", choices=["notes", "tabular"], default="notes",
+                   help="what the conditional null's P(sex | case mix) reads: the tabular fields and the sex-neutral notes, "
+                        "or the tabular fields only (the first design)")
     r.add_argument("--fitness-n", type=int, default=1000)
     r.add_argument("--n-boot", type=int, default=200)
     s = sub.add_parser("summarise")

@@ -12,18 +12,20 @@ import pandas as pd
 from scipy.special import expit
 from scipy.stats import chi2_contingency
 from sklearn.compose import ColumnTransformer
+from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_predict
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import OneHotEncoder, SplineTransformer, StandardScaler
 
 from ..rewrite import counterfactual_texts
 
 # %% auto #0
-__all__ = ['CASE_MIX_CATEGORICAL', 'CASE_MIX_NUMERIC', 'NULL_PERMUTATIONS', 'NULL_MODELS', 'other_sex_rewrites', 'rewritable',
-           'assign_sex', 'permute_sex', 'sex_level_association', 'sex_propensity', 'null_sexes', 'sex_case_mix_auc',
-           'null_counts', 'null_training_seed']
+__all__ = ['CASE_MIX_CATEGORICAL', 'CASE_MIX_NUMERIC', 'PROPENSITY_C', 'NULL_PERMUTATIONS', 'NULL_MODELS', 'other_sex_rewrites',
+           'rewritable', 'assign_sex', 'permute_sex', 'sex_level_association', 'sex_neutral_notes', 'sex_propensity',
+           'null_sexes', 'sex_case_mix_auc', 'null_counts', 'null_training_seed']
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
@@ -88,29 +90,48 @@ def sex_level_association(records: pd.DataFrame) -> dict:
 CASE_MIX_CATEGORICAL = ("cc_code", "arrival_mode")
 CASE_MIX_NUMERIC = ("hr", "rr", "sbp", "dbp", "spo2", "temp_c", "gcs", "pain")
 
-def _propensity_model(records: pd.DataFrame) -> tuple[Pipeline, list[str]]:
-    "The unfitted propensity pipeline and the columns it reads."
+def _propensity_model(records: pd.DataFrame, notes: bool = False) -> tuple[Pipeline, list[str]]:
+    "The unfitted propensity pipeline and the columns it reads (`_notes`: the sex-neutral notes, when `notes`)."
     has = lambda c: c in records.columns and records[c].notna().any()
     cat, num = [c for c in CASE_MIX_CATEGORICAL if has(c)], [c for c in CASE_MIX_NUMERIC if has(c)]
     parts = [("cat", OneHotEncoder(handle_unknown="infrequent_if_exist", min_frequency=10), cat),
              ("num", make_pipeline(SimpleImputer(strategy="median", add_indicator=True), StandardScaler()), num)]
     if has("age"):
         parts.append(("age", make_pipeline(SimpleImputer(strategy="median"), SplineTransformer(n_knots=5)), ["age"]))
-    pipe = make_pipeline(ColumnTransformer([p for p in parts if p[2]]), LogisticRegression(C=1.0, max_iter=2000))
-    return pipe, cat + num + (["age"] if has("age") else [])
+    if notes:
+        parts.append(("notes", TfidfVectorizer(sublinear_tf=True, min_df=3, max_features=20000), "_notes"))
+    pipe = make_pipeline(ColumnTransformer([p for p in parts if len(p[2])]), LogisticRegression(C=1.0, max_iter=2000))
+    return pipe, cat + num + (["age"] if has("age") else []) + (["_notes"] if notes else [])
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #7986bbdb
-def sex_propensity(records: pd.DataFrame) -> np.ndarray:
-    "$\\hat q(x_i) = \\hat P(S_i = F \\mid x_i)$ of every record from its case mix (the logistic regression above)."
+def sex_neutral_notes(records: pd.DataFrame, text_fields: list[str], rewrites: dict) -> list[str]:
+    """Every record's text fields as $g$ writes them for a man (a woman's rewritten, a man's as they are), joined: the
+    case mix the notes carry, with the words that tell the sex made the same for everyone (`other_sex_rewrites`)."""
+    men = assign_sex(records, text_fields, np.full(len(records), "M", dtype=object), rewrites)
+    return [" ".join(v for v in row if isinstance(v, str)) for row in men[list(text_fields)].itertuples(index=False)]
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #5b0e7c21
+PROPENSITY_C = (0.01, 0.03, 0.1, 0.3, 1.0)   # the logistic regression's inverse penalty, chosen by cross-validated log loss
+
+def sex_propensity(records: pd.DataFrame, notes: list[str] | None = None, cv: int = 5, seed: int = 0) -> np.ndarray:
+    """$\\hat q(x_i) = \\hat P(S_i = F \\mid x_i)$ of every record from its case mix (the logistic regression above; with
+    `notes`, their TF-IDF too): its penalty chosen by `cv`-fold log loss (`PROPENSITY_C`), each record's $\\hat q$ from
+    the folds it is not in (cross-fitted), so that $\\hat q$ is calibrated and never memorises $S_i$."""
     sex = records["sex"].astype(str).to_numpy()
     if set(sex) - {"F", "M"} or len(set(sex)) < 2:
         raise ValueError(f"sex_propensity: sex must be F/M with both present, got {sorted(set(sex))}")
-    pipe, cols = _propensity_model(records)
+    use_notes = notes is not None and any(str(t).strip() for t in notes)
+    pipe, cols = _propensity_model(records, notes=use_notes)
     if not cols:
         return np.full(len(sex), (sex == "F").mean())
-    X = records[cols].astype({c: object for c in cols if c in CASE_MIX_CATEGORICAL})
-    X = X.fillna({c: "missing" for c in cols if c in CASE_MIX_CATEGORICAL})
-    return pipe.fit(X, sex == "F").predict_proba(X)[:, 1]
+    X = records.assign(_notes=list(notes) if use_notes else "")[cols]
+    X = X.astype({c: object for c in cols if c in CASE_MIX_CATEGORICAL}).fillna({c: "missing" for c in CASE_MIX_CATEGORICAL if c in cols})
+    k = min(int(cv), int(min((sex == "F").sum(), (sex == "M").sum())))
+    if k < 2:
+        return pipe.fit(X, sex == "F").predict_proba(X)[:, 1]
+    folds = StratifiedKFold(k, shuffle=True, random_state=seed)
+    best = GridSearchCV(pipe, {"logisticregression__C": list(PROPENSITY_C)}, cv=folds, scoring="neg_log_loss").fit(X, sex == "F")
+    return cross_val_predict(pipe.set_params(**best.best_params_), X, sex == "F", cv=folds, method="predict_proba")[:, 1]
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #a8e1fd6b
 def _sweeps(female: np.ndarray, logit_q: np.ndarray, n_sweeps: int, rng: np.random.Generator) -> np.ndarray:
