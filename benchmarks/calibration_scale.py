@@ -51,8 +51,8 @@ SOFT = "NMDF_expected"
 
 
 def audit_key(a: dict) -> str:
-    return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}"
-            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "",
+    return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}{norm}"
+            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + ("_mk" if a.get("marked") else ""),
                     q={"notes": "_qnotes", "tabular": "_qtab"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
@@ -81,25 +81,58 @@ def _cached_frame(path: Path, make) -> pd.DataFrame:
     return df
 
 
+def round_trip(records: pd.DataFrame, tf: list[str], lang: str, rewrites: dict, ok: np.ndarray) -> pd.DataFrame:
+    """`records` with the text fields of the `ok` rows replaced by g(g(note; other sex); own sex): every note in g's own
+    rendering of its sex, so that the real emulator, its nulls and both sides of a pair read notes written one way."""
+    from triage_cf.rewrite import counterfactual_texts
+    out, idx = records.copy(), np.flatnonzero(ok)
+    own = records["sex"].astype(str).to_numpy()[idx].tolist()
+    for f in tf:
+        back = counterfactual_texts([rewrites[f][i].text for i in idx], own, lang)
+        col = out[f].astype(object).to_numpy().copy()
+        for i, r in zip(idx, back):
+            col[i] = r.text if r.status in ("ok", "missing") else col[i]
+        out[f] = pd.array(col, dtype=records[f].dtype)
+    return out
+
+
+def normalise_pairs(d: dict) -> None:
+    "The pairs' original side in g's rendering (`round_trip` of the cf side), in place: both sides written by g."
+    from triage_cf.rewrite import RewriteResult
+    p, tf, lang = d["pairs"], d["text_fields"], d["lang"]
+    ok = p["in_pairs"].to_numpy()
+    rw = {f: [RewriteResult(text=None if pd.isna(v) else v, status="ok", reason="") for v in p[f"cf_{f}"]] for f in tf}
+    d["pairs"] = round_trip(p, tf, lang, rw, ok)
+    d["ok"] = d["pairs"][d["pairs"]["in_pairs"]]
+
+
 def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]], list[str], dict]:
     "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws, g on re-sexed records."
     from triage_cf.audit.baselines import record_texts
     from triage_cf.audit.null_control import (null_sexes, other_sex_rewrites, permute_sex, rewritable, sex_case_mix_auc,
-                                              sex_neutral_notes, sex_propensity)
+                                              marked_records, sex_marked_terms, sex_neutral_notes, sex_propensity)
     t = time.perf_counter()
     train, lang, tf = d["train"], d["lang"], d["text_fields"]
     rewrites = other_sex_rewrites(train, tf, lang)
     eligible = rewritable(rewrites, tf, len(train))
     q = np.full(len(train), np.nan)
-    notes = sex_neutral_notes(train, tf, rewrites) if a["propensity"] == "notes" else None
+    notes = sex_neutral_notes(train, tf, rewrites) if (a["propensity"] == "notes" or a.get("marked")) else None
+    n_marked = 0
+    if a.get("marked"):   # records holding a word that tells the sex and that g leaves keep their sex
+        terms = sex_marked_terms([notes[i] for i in np.flatnonzero(eligible)], train["sex"].astype(str).to_numpy()[eligible])
+        marked = marked_records(notes, terms) & eligible
+        n_marked, eligible = int(marked.sum()), eligible & ~marked
+    notes = notes if a["propensity"] == "notes" else None
     q[eligible] = sex_propensity(train.loc[eligible], None if notes is None else [notes[i] for i in np.flatnonzero(eligible)],
                                  seed=a["seed"])
     sexes = null_sexes(train, eligible, a["K"] + 1, a["seed"], method=a["null"], q=q)
-    texts = [record_texts(permute_sex(train, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
+    base = round_trip(train, tf, lang, rewrites, eligible) if a.get("normalise") else train
+    texts = [record_texts(permute_sex(base, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
              for s in sexes]
+    d["real_texts"] = record_texts(base, "full", lang, text_fields=tf)
     auc = [sex_case_mix_auc(np.asarray(s, dtype=object)[eligible], q[eligible]) for s in sexes]
     timing["null_sexes_s"] = round(time.perf_counter() - t, 1)
-    diag = dict(n_eligible=int(eligible.sum()), auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible],
+    diag = dict(n_eligible=int(eligible.sum()), n_marked=n_marked, auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible],
                 q[eligible]), auc_after_mean=float(np.mean(auc)))
     return texts[:-1], texts[-1], diag
 
@@ -166,12 +199,14 @@ def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
         train, lang, tf, levels = d["train"], d["lang"], d["text_fields"], d["levels"]
         y = train["triage_level"].astype(int).to_numpy()
         null_texts, tune_texts, diag = null_training_sets(d, a, timing)
+        if a.get("normalise"):
+            normalise_pairs(d)
         t = time.perf_counter()
         _, search = fit_rf_tfidf(tune_texts, y, levels, seed=a["seed"])
         best = search["best_params"]
         timing["rf_search_s"] = round(time.perf_counter() - t, 1)
         fits, preds = [], {}
-        for k, texts in [("real", record_texts(train, "full", lang, text_fields=tf))] + list(enumerate(null_texts)):
+        for k, texts in [("real", d["real_texts"])] + list(enumerate(null_texts)):
             t = time.perf_counter()
             seed_k = a["seed"] if (k == "real" or a["shared_seed"]) else a["seed"] + 1000 * (k + 1)
             def make(texts=texts, seed_k=seed_k, k=k):
@@ -227,7 +262,8 @@ def tasks(args) -> list[dict]:
     out = []
     for n, ds, cm, x, s in itertools.product(args.sizes, args.datasets, args.case_mix, args.scales, range(args.seeds)):
         out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
-                        K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity))
+                        K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity,
+                        normalise=bool(args.normalise), marked=bool(args.marked)))
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
 
@@ -264,6 +300,11 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     raw = [c for r in fit for c in r["checks"] if np.isfinite(c["p"])]
     out["raw_check_rate"] = _rate(sum(c["p"] < alpha for c in raw), len(raw))
     out["finding_rate_any_check"] = _rate(sum(any(c["finding"] for c in r["checks"]) for r in fit), len(fit))
+    # the systematic offset of the real RF from its nulls: mean t = (estimate - null mean) / null sd of the female skew
+    # per view (0 in expectation when the real and null emulators are exchangeable; its SE is about 1/sqrt(audits))
+    out["female_skew_mean_t"] = {v: float(np.mean([c["effect"] / c["null_sd"] for r in fit for c in r["checks"]
+                                                   if c["metric"] == "female_skew" and c["condition"] == v and c["null_sd"] > 0]))
+                                 if fit else None for v in ("full", "text_iso", "tab_iso")}
     for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
                        ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
         cs = [pick(r) for r in fit]
@@ -284,18 +325,20 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
     rs = [json.loads(p.read_text()) for p in sorted(cache.glob("v*.json"))]
     rs = [r for r in rs if r.get("version") == VERSION]
     for r in rs:
-        r.setdefault("propensity", "tabular-insample")   # audits before cross-fitting: q fitted in-sample
-    key = lambda r: (r["null"], r["propensity"], r["shared_seed"], r["dataset"], r["n_records"], r["case_mix"], r["scale"])
+        r.setdefault("propensity", "tabular-insample")
+        r.setdefault("normalise", False)
+        r.setdefault("marked", False)   # audits before cross-fitting: q fitted in-sample
+    key = lambda r: (r["null"], r["propensity"], r["normalise"], r["marked"], r["shared_seed"], r["dataset"], r["n_records"], r["case_mix"], r["scale"])
     cells = []
     for k, g in itertools.groupby(sorted(rs, key=key), key=key):
         g = list(g)
-        cells.append(dict(zip(("null", "propensity", "shared_seed", "dataset", "n_records", "case_mix", "scale"), k),
+        cells.append(dict(zip(("null", "propensity", "normalise", "marked", "shared_seed", "dataset", "n_records", "case_mix", "scale"), k),
                           K=g[0]["K"], seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
     pooled = []
-    pk = lambda r: (r["null"], r["propensity"], r["shared_seed"], r["case_mix"])
+    pk = lambda r: (r["null"], r["propensity"], r["normalise"], r["marked"], r["shared_seed"], r["case_mix"])
     for k, g in itertools.groupby(sorted([r for r in rs if r["scale"] == 0], key=pk), key=pk):
         g = list(g)
-        pooled.append(dict(zip(("null", "propensity", "shared_seed", "case_mix"), k), sizes=sorted({r["n_records"] for r in g}),
+        pooled.append(dict(zip(("null", "propensity", "normalise", "marked", "shared_seed", "case_mix"), k), sizes=sorted({r["n_records"] for r in g}),
                            datasets=sorted({r["dataset"] for r in g}), **_cell(g, alpha)))
     out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, model="RF", n_audits=len(rs),
                machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
@@ -379,6 +422,10 @@ def main(argv=None) -> None:
     r.add_argument("--propensity", choices=["notes", "tabular"], default="notes",
                    help="what the conditional null's P(sex | case mix) reads: the tabular fields and the sex-neutral notes, "
                         "or the tabular fields only (the first design)")
+    r.add_argument("--normalise", action="store_true",
+                   help="every note in g's rendering (round trip) for the real RF, its nulls and both sides of every pair")
+    r.add_argument("--marked", action="store_true",
+                   help="records whose sex-neutral notes hold a sex-marked word g leaves (sex_marked_terms) keep their sex")
     r.add_argument("--fitness-n", type=int, default=1000)
     r.add_argument("--n-boot", type=int, default=200)
     s = sub.add_parser("summarise")

@@ -51,7 +51,7 @@ def test_paper_profile_runs_whole_splits(dataset):
     left to a notebook's own (smoke-size) default. The bug it guards: `ft_train_n` unset trained the emulator on 120 visits."""
     params = load_params(dataset, "paper")
     defaults = notebook_defaults(stages_for(params))
-    for cap in ("ft_train_n", "ft_eval_n", "ft_max_pairs", "mlp_max_pairs", "baseline_train_n"):
+    for cap in ("ft_train_n", "ft_eval_n", "ft_max_pairs", "mlp_max_pairs", "baseline_train_n", "fs_train_n"):
         assert cap in params or cap in defaults, (dataset, cap)
         value = params[cap] if cap in params else next(iter(defaults[cap].values()))
         assert value is None, f"paper/{dataset}: {cap} = {value!r} ({'profile' if cap in params else 'notebook default'})"

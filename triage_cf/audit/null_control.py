@@ -10,9 +10,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 from scipy.special import expit
-from scipy.stats import chi2_contingency
+from scipy.stats import binom, chi2_contingency
 from sklearn.compose import ColumnTransformer
-from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
@@ -25,7 +25,7 @@ from ..rewrite import counterfactual_texts
 # %% auto #0
 __all__ = ['CASE_MIX_CATEGORICAL', 'CASE_MIX_NUMERIC', 'PROPENSITY_C', 'NULL_PERMUTATIONS', 'NULL_MODELS', 'other_sex_rewrites',
            'rewritable', 'assign_sex', 'permute_sex', 'sex_level_association', 'sex_neutral_notes', 'sex_propensity',
-           'null_sexes', 'sex_case_mix_auc', 'null_counts', 'null_training_seed']
+           'null_sexes', 'sex_case_mix_auc', 'sex_marked_terms', 'marked_records', 'null_counts', 'null_training_seed']
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
@@ -178,6 +178,30 @@ def sex_case_mix_auc(sex, q) -> float:
     "How much case-mix signal a sex column carries: the AUC of $\\hat q$ (`sex_propensity`) for $S = F$ (0.5: none)."
     female = np.asarray(sex, dtype=object) == "F"
     return float(roc_auc_score(female, q)) if 0 < female.sum() < len(female) else float("nan")
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #4e8a1c90
+def sex_marked_terms(notes: list[str], sex, min_count: int = 5, purity: float = 0.95, alpha: float = 1e-3) -> list[str]:
+    """The words of the sex-neutral `notes` (`sex_neutral_notes`) that tell the sex $g$ leaves: seen in >= `min_count`
+    notes, >= `purity` of them of one sex, and a binomial test against the share of women with p < `alpha`."""
+    female = np.asarray(sex, dtype=object) == "F"
+    if not any(str(t).strip() for t in notes) or female.all() or not female.any():
+        return []
+    vec = CountVectorizer(binary=True, min_df=min_count)
+    try:
+        X = vec.fit_transform(notes)
+    except ValueError:                     # no word in min_count notes
+        return []
+    n, n_f, p0 = np.asarray(X.sum(0)).ravel(), np.asarray(X[female].sum(0)).ravel(), female.mean()
+    p = np.minimum(binom.sf(n_f - 1, n, p0), binom.cdf(n_f, n, p0))   # the one-sided test in the majority's direction
+    keep = (np.maximum(n_f, n - n_f) >= purity * n) & (p < alpha)
+    return sorted(vec.get_feature_names_out()[keep])
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #6a2f9d14
+def marked_records(notes: list[str], terms: list[str]) -> np.ndarray:
+    "Which `notes` hold one of the sex-marked `terms` (`sex_marked_terms`): records a null leaves their sex."
+    if not terms:
+        return np.zeros(len(notes), bool)
+    return np.asarray(CountVectorizer(binary=True, vocabulary=list(terms)).transform(notes).sum(1)).ravel() > 0
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #7d3b61f5
 #: The emulators that can have null emulators (stage 05_emulator: FT; 06_baselines: FS, RF, MLP).
