@@ -107,33 +107,23 @@ def normalise_pairs(d: dict) -> None:
 
 
 def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]], list[str], dict]:
-    "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws, g on re-sexed records."
+    "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws (`null_design`)."
     from triage_cf.audit.baselines import record_texts
-    from triage_cf.audit.null_control import (null_sexes, other_sex_rewrites, permute_sex, rewritable, sex_case_mix_auc,
-                                              marked_records, sex_marked_terms, sex_neutral_notes, sex_propensity)
+    from triage_cf.audit.null_control import null_design, permute_sex, sex_case_mix_auc
     t = time.perf_counter()
     train, lang, tf = d["train"], d["lang"], d["text_fields"]
-    rewrites = other_sex_rewrites(train, tf, lang)
-    eligible = rewritable(rewrites, tf, len(train))
-    q = np.full(len(train), np.nan)
-    notes = sex_neutral_notes(train, tf, rewrites) if (a["propensity"] == "notes" or a.get("marked")) else None
-    n_marked = 0
-    if a.get("marked"):   # records holding a word that tells the sex and that g leaves keep their sex
-        terms = sex_marked_terms([notes[i] for i in np.flatnonzero(eligible)], train["sex"].astype(str).to_numpy()[eligible])
-        marked = marked_records(notes, terms) & eligible
-        n_marked, eligible = int(marked.sum()), eligible & ~marked
-    notes = notes if a["propensity"] == "notes" else None
-    q[eligible] = sex_propensity(train.loc[eligible], None if notes is None else [notes[i] for i in np.flatnonzero(eligible)],
-                                 seed=a["seed"])
-    sexes = null_sexes(train, eligible, a["K"] + 1, a["seed"], method=a["null"], q=q)
-    base = round_trip(train, tf, lang, rewrites, eligible) if a.get("normalise") else train
+    sexes, design = null_design(train, tf, lang, a["K"] + 1, a["seed"], method=a["null"],
+                                notes=a["propensity"] == "notes", fix_marked=bool(a.get("marked")))
+    eligible, q, rewrites = design["eligible"], design["q"], design["rewrites"]
+    base = round_trip(train, tf, lang, rewrites, eligible | design["marked"]) if a.get("normalise") else train
     texts = [record_texts(permute_sex(base, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
              for s in sexes]
     d["real_texts"] = record_texts(base, "full", lang, text_fields=tf)
     auc = [sex_case_mix_auc(np.asarray(s, dtype=object)[eligible], q[eligible]) for s in sexes]
     timing["null_sexes_s"] = round(time.perf_counter() - t, 1)
-    diag = dict(n_eligible=int(eligible.sum()), n_marked=n_marked, auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible],
-                q[eligible]), auc_after_mean=float(np.mean(auc)))
+    diag = dict(n_eligible=int(eligible.sum()), n_marked=int(design["marked"].sum()), marked_terms=design["terms"],
+                auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible], q[eligible]),
+                auc_after_mean=float(np.mean(auc)))
     return texts[:-1], texts[-1], diag
 
 

@@ -25,7 +25,8 @@ from ..rewrite import counterfactual_texts
 # %% auto #0
 __all__ = ['CASE_MIX_CATEGORICAL', 'CASE_MIX_NUMERIC', 'PROPENSITY_C', 'NULL_PERMUTATIONS', 'NULL_MODELS', 'other_sex_rewrites',
            'rewritable', 'assign_sex', 'permute_sex', 'sex_level_association', 'sex_neutral_notes', 'sex_propensity',
-           'null_sexes', 'sex_case_mix_auc', 'sex_marked_terms', 'marked_records', 'null_counts', 'null_training_seed']
+           'null_sexes', 'sex_case_mix_auc', 'sex_marked_terms', 'marked_records', 'null_design', 'null_counts',
+           'null_training_seed']
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
@@ -202,6 +203,23 @@ def marked_records(notes: list[str], terms: list[str]) -> np.ndarray:
     if not terms:
         return np.zeros(len(notes), bool)
     return np.asarray(CountVectorizer(binary=True, vocabulary=list(terms)).transform(notes).sum(1)).ravel() > 0
+
+# %% ../../nbs/1_audit/01_null_control.ipynb #8d5b3f62
+def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copies: int, seed: int,
+                method: str = "conditional", notes: bool = True, fix_marked: bool = True) -> tuple[list[np.ndarray], dict]:
+    "(`n_copies` sexes of the records for null emulators, design: `rewrites`, `eligible`, `marked`, `terms`, `q`)."
+    rewrites = other_sex_rewrites(records, text_fields, lang)
+    eligible, sex = rewritable(rewrites, text_fields, len(records)), records["sex"].astype(str).to_numpy()
+    neutral = sex_neutral_notes(records, text_fields, rewrites) if text_fields and (notes or fix_marked) else None
+    pick = lambda mask: [neutral[i] for i in np.flatnonzero(mask)]
+    terms = sex_marked_terms(pick(eligible), sex[eligible]) if fix_marked and neutral and eligible.any() else []
+    marked = marked_records(neutral, terms) & eligible if terms else np.zeros(len(records), bool)
+    eligible = eligible & ~marked
+    q = np.full(len(records), np.nan)
+    if eligible.any() and len(set(sex[eligible])) == 2:
+        q[eligible] = sex_propensity(records[eligible], pick(eligible) if notes and neutral else None, seed=seed)
+    sexes = null_sexes(records, eligible, n_copies, seed, method=method, q=q)
+    return sexes, dict(rewrites=rewrites, eligible=eligible, marked=marked, terms=terms, q=q)
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #7d3b61f5
 #: The emulators that can have null emulators (stage 05_emulator: FT; 06_baselines: FS, RF, MLP).
