@@ -4,13 +4,17 @@ One *audit* = one synthetic cohort (language, `n_records`, `case_mix_by_sex`, pl
 chain's own functions, as the default profile does, with the audit design of this release:
 
   01-03  records (`data.load_records`), cohort rules (`cohort.apply_cohort`), the 50/50 split;
-  04     null sexes by the conditional permutation (`null_control.null_sexes`, Berrett et al.) or the uniform shuffle,
-         K copies for the null emulators + one tuning copy; g rewrites every re-sexed record's notes;
+  04     null sexes (`null_control.null_design`): the conditional permutation (Berrett et al.) with a propensity that
+         reads the tabular case mix and the sex-neutral notes (`--propensity notes`, the default; `tabular`: the
+         tabular case mix only), records holding a sex-marked word g leaves kept at their sex (`--marked`), or the
+         uniform shuffle (`--null uniform`); K copies for the null emulators + one tuning copy; g rewrites every
+         re-sexed record's notes (`--normalise`: every note in g's own rendering, an ablation);
   06     the RF (TF-IDF + random forest): hyperparameters searched once on the tuning copy (`fit_rf_tfidf`, search capped
          at 4,000 records), the real RF and the K null RFs trained with them, each null with its own training seed
-         (or the real one: `--shared-seed`);
-  07-08  the rule rewriter's counterfactual pairs of the test split (`counterfactuals.build_pairs`), scored by every RF
-         and by the oracle in the three views;
+         (or the real one: `--shared-seed`); `--models RF MLP` adds the MLP on frozen MiniLM embeddings (`fit_mlp`,
+         `SentenceEncoder`) trained on the same texts, scoring every pair;
+  07-08  the rule rewriter's counterfactual pairs of the test split (`counterfactuals.build_pairs`), scored by every
+         model and by the oracle in the three views;
   09     `metrics.permutation_test` (the argmax checks: primary = female skew / full view, 14 secondary checks with BH)
          with `fitness_table` (the fitness verdict on `--fitness-n` test records), and the expected-level statistic
          `NMDF_expected` (`metrics.nmdf_expected`) tested against the same null emulators (`metrics.null_test`).
@@ -21,10 +25,10 @@ dataset's default knobs (params/synth-*.yaml) the power. The oracle's estimates 
 
 Each finished audit writes one JSON under the cache (skipped on rerun), and each model's pair predictions are cached,
 so a killed run resumes where it was. `summarise` pools the audits into benchmarks/results/calibration_scale.json
-(+ figure), labelled with what they cover.
+(+ figure), one cell per model x design x dataset x size x case mix x planted scale, labelled with what they cover.
 
     nice -n 10 .venv/bin/python benchmarks/calibration_scale.py run --datasets synth-fr synth-en --sizes 3000 12000 \
-        --case-mix 0 1 2 --scales 0 1 2 5 --seeds 4 --K 9
+        --case-mix 0 1 2 --scales 0 --seeds 6 --K 9 --marked
     .venv/bin/python benchmarks/calibration_scale.py summarise
 """
 from __future__ import annotations
@@ -52,7 +56,8 @@ SOFT = "NMDF_expected"
 
 def audit_key(a: dict) -> str:
     return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}{norm}"
-            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + ("_mk" if a.get("marked") else ""),
+            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + ("_mk" if a.get("marked") else "")
+                    + ("_mlp" if "MLP" in a.get("models", ["RF"]) else ""),
                     q={"notes": "_qnotes", "tabular": "_qtab"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
@@ -127,16 +132,21 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
     return texts[:-1], texts[-1], diag
 
 
-def score_pairs(model, d: dict, levels) -> pd.DataFrame:
-    "Pair predictions of one RF in the three views (rendered texts cached in `d`: the same for every model)."
-    from triage_cf.audit.baselines import proba_by_level
-    from triage_cf.audit.emulator import proba_frame
+def render_pair_texts(d: dict) -> None:
+    "The texts of every pair in the three views (`d['pair_texts']`, keys `d['pair_keys']`): the same for every model."
     from triage_cf.audit.predict import text_model_pair_predictions
     if "pair_texts" not in d:
-        got = []
+        got, levels = [], d["levels"]
         frame = text_model_pair_predictions(lambda t: (got.append(list(t)), np.zeros((len(t), len(levels))))[1],
                                             d["pairs"], d["text_fields"], levels, d["lang"])
         d["pair_texts"], d["pair_keys"] = [x for t in got for x in t], frame[["pair_id", "record_id", "view", "side"]]
+
+
+def score_pairs(model, d: dict, levels) -> pd.DataFrame:
+    "Pair predictions of one RF in the three views."
+    from triage_cf.audit.baselines import proba_by_level
+    from triage_cf.audit.emulator import proba_frame
+    render_pair_texts(d)
     return pd.concat([d["pair_keys"], proba_frame(proba_by_level(model, d["pair_texts"], levels), levels)], axis=1)
 
 
@@ -168,19 +178,70 @@ def soft_checks(real: pd.DataFrame, nulls: pd.DataFrame, oracle: pd.DataFrame, f
     return rows
 
 
+def mlp_arm(d: dict, a: dict, null_texts: list[list[str]], y: np.ndarray, work: Path, levels, timing: dict) -> dict:
+    """The MLP (stage 06's `fit_mlp` on frozen MiniLM embeddings, `SentenceEncoder`, cached by text hash under the
+    cache): the real MLP and its K nulls trained on the same texts as the RFs, scoring every pair (no `mlp_max_pairs`
+    cap: the embeddings of a pair's texts are shared by all K + 1 models, so scoring them all costs one encoding)."""
+    from triage_cf.audit.baselines import SentenceEncoder, fit_mlp, proba_by_level, record_texts
+    from triage_cf.audit.emulator import proba_frame
+    t = time.perf_counter()
+    enc = SentenceEncoder(cache_dir=CACHE / "embeddings", threads=1)
+    e_pairs = enc.encode(d["pair_texts"])
+    t2 = d["table2_test"]
+    e_test = enc.encode(record_texts(t2, "full", d["lang"], text_fields=d["text_fields"]))
+    preds, fits = {}, []
+    for k, texts in [("real", d["real_texts"])] + list(enumerate(null_texts)):
+        t1 = time.perf_counter()
+        seed_k = a["seed"] if (k == "real" or a["shared_seed"]) else a["seed"] + 1000 * (k + 1)
+        def make(texts=texts, seed_k=seed_k, k=k):
+            mlp, _ = fit_mlp(enc.encode(texts), y, levels, seed=seed_k)
+            if k == "real":
+                pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int).to_numpy()),
+                           proba_frame(proba_by_level(mlp, e_test, levels), levels)], axis=1).to_parquet(
+                    work / "mlp_real_test.parquet", index=False)
+            return pd.concat([d["pair_keys"], proba_frame(proba_by_level(mlp, e_pairs, levels), levels)], axis=1)
+        preds[k] = _cached_frame(work / f"mlp_pairs_{k}.parquet", make)
+        fits.append(round(time.perf_counter() - t1, 1))
+    timing["mlp_s"] = round(time.perf_counter() - t, 1)
+    timing["mlp_fit_score_s"] = fits
+    return preds
+
+
+def evaluate_arm(name: str, preds: dict, real_test: pd.DataFrame, d: dict, a: dict, oracle: pd.DataFrame,
+                 orc_test: pd.DataFrame, n_boot: int) -> dict:
+    "One model's checks against its K nulls: fitness, the argmax checks (`permutation_test`) and `NMDF_expected`."
+    from triage_cf.audit.metrics import fitness_table, permutation_test, point_metrics
+    levels = d["levels"]
+    real = with_expected(preds["real"], d, name, levels)
+    nulls = pd.concat([with_expected(preds[k], d, name, levels).assign(null_id=f"{name}_null{k}") for k in range(a["K"])],
+                      ignore_index=True)
+    fitness = fitness_table({name: real_test, "oracle": orc_test}, levels, n_boot=n_boot, seed=a["seed"],
+                            kappa_floor=0.20, baseline_margin=0.10)
+    f = fitness.set_index("model").loc[name]
+    fit = bool(f["fit_for_audit"])
+    cols = ["orig_sex", "pred_orig", "pred_cf", "pair_id", "condition", "true_level", "model"]
+    pt = permutation_test(real[cols], nulls[cols + ["null_id"]], fitness, n_boot=n_boot, seed=a["seed"])
+    orc_m = {c: point_metrics(g.orig_sex, g.pred_orig, g.pred_cf) for c, g in oracle.groupby("condition")}
+    checks = [dict(condition=r.condition, metric=r.metric, check=r.check, estimate=float(r.estimate),
+                   null_sd=float(r.null_sd), effect=float(r.effect), p=float(r.p), q=float(r.q),
+                   significant=None if pd.isna(r.significant) else bool(r.significant),
+                   finding=None if pd.isna(r.finding) else bool(r.finding), mde=float(r.mde),
+                   oracle_estimate=float(orc_m[r.condition][r.metric])) for r in pt.itertuples()]
+    return dict(kappa_w=float(f.kappa_w), fit_for_audit=fit, checks=checks, soft_checks=soft_checks(real, nulls, oracle, fit))
+
+
 def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
-    "One RF audit (see the module's docstring); its JSON under the cache, returned as is when present."
+    "One audit (see the module's docstring); its JSON under the cache, returned as is when present."
     from threadpoolctl import threadpool_limits
     from triage_cf.audit.baselines import fit_rf_tfidf, proba_by_level, record_texts
     from triage_cf.audit.emulator import proba_frame
-    from triage_cf.audit.metrics import fitness_table, permutation_test
     from triage_cf.audit.predict import oracle_pair_predictions
     from triage_cf.synth import oracle_proba
     key = audit_key(a)
     out = CACHE / f"{key}.json"
     if out.exists():
         return json.loads(out.read_text())
-    work = CACHE / "models" / key
+    work = CACHE / "models" / audit_key({**a, "models": ["RF"]})   # the RF's cached predictions serve both
     work.mkdir(parents=True, exist_ok=True)
     t0, timing = time.perf_counter(), {}
     with threadpool_limits(1):
@@ -211,6 +272,9 @@ def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
             preds[k] = _cached_frame(work / f"pairs_{k}.parquet", make)
             fits.append(round(time.perf_counter() - t, 1))
         timing["rf_fit_score_s"] = fits
+        if "MLP" in a.get("models", ["RF"]):
+            render_pair_texts(d)
+            mlp_preds = mlp_arm(d, a, null_texts, y, work, levels, timing)
         knobs = {k: v for k, v in synth_knobs(a["dataset"], a["n_records"], a["case_mix"], a["scale"]).items()
                  if k != "n_records"}
         orc = oracle_pair_predictions(d["pairs"], tf, levels, lang, knobs)
@@ -219,28 +283,17 @@ def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
         orc_test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int).to_numpy()),
                               proba_frame(op / op.sum(1, keepdims=True), levels)], axis=1)
     t = time.perf_counter()
-    real = with_expected(preds["real"], d, "RF", levels)
-    nulls = pd.concat([with_expected(preds[k], d, "RF", levels).assign(null_id=f"RF_null{k}") for k in range(a["K"])],
-                      ignore_index=True)
     oracle = with_expected(orc, d, "oracle", levels)
-    fitness = fitness_table({"RF": pd.read_parquet(work / "real_test.parquet"), "oracle": orc_test}, levels,
-                            n_boot=n_boot, seed=a["seed"], kappa_floor=0.20, baseline_margin=0.10)
-    fit = bool(fitness.set_index("model").loc["RF", "fit_for_audit"])
-    cols = ["orig_sex", "pred_orig", "pred_cf", "pair_id", "condition", "true_level", "model"]
-    pt = permutation_test(real[cols], nulls[cols + ["null_id"]], fitness, n_boot=n_boot, seed=a["seed"])
-    from triage_cf.audit.metrics import point_metrics
-    orc_m = {c: point_metrics(g.orig_sex, g.pred_orig, g.pred_cf) for c, g in oracle.groupby("condition")}
-    checks = [dict(condition=r.condition, metric=r.metric, check=r.check, estimate=float(r.estimate),
-                   null_sd=float(r.null_sd), effect=float(r.effect), p=float(r.p), q=float(r.q),
-                   significant=None if pd.isna(r.significant) else bool(r.significant),
-                   finding=None if pd.isna(r.finding) else bool(r.finding), mde=float(r.mde),
-                   oracle_estimate=float(orc_m[r.condition][r.metric])) for r in pt.itertuples()]
+    rf = evaluate_arm("RF", preds, pd.read_parquet(work / "real_test.parquet"), d, a, oracle, orc_test, n_boot)
+    arms = {}
+    if "MLP" in a.get("models", ["RF"]):
+        arms["MLP"] = evaluate_arm("MLP", mlp_preds, pd.read_parquet(work / "mlp_real_test.parquet"), d, a, oracle,
+                                   orc_test, n_boot)
     timing["metrics_s"] = round(time.perf_counter() - t, 1)
-    f = fitness.set_index("model").loc["RF"]
     res = dict(version=VERSION, key=key, **a, n_cohort=len(d["cohort"]), n_train=len(train), n_pairs=len(d["ok"]),
-               fitness_n=len(t2), kappa_w=float(f.kappa_w), fit_for_audit=fit, rf_params={k: str(v) for k, v in best.items()},
-               null_diagnostics=diag, checks=checks, soft_checks=soft_checks(real, nulls, oracle, fit),
-               timing=timing, wall_s=round(time.perf_counter() - t0, 1), cpu=platform.processor() or platform.machine())
+               fitness_n=len(t2), **rf, rf_params={k: str(v) for k, v in best.items()}, arms=arms,
+               null_diagnostics=diag, timing=timing, wall_s=round(time.perf_counter() - t0, 1),
+               cpu=platform.processor() or platform.machine())
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1))
     tmp.replace(out)
@@ -253,7 +306,7 @@ def tasks(args) -> list[dict]:
     for n, ds, cm, x, s in itertools.product(args.sizes, args.datasets, args.case_mix, args.scales, range(args.seeds)):
         out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
                         K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity,
-                        normalise=bool(args.normalise), marked=bool(args.marked)))
+                        normalise=bool(args.normalise), marked=bool(args.marked), models=list(args.models)))
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
 
@@ -310,31 +363,40 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     return out
 
 
+#: the design fields that make a cell (with dataset, size, case mix and planted scale); older audits lack the later ones
+DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False, marked=False, shared_seed=False)
+
+
+def _arms(r: dict):
+    "An audit's records per model: the RF's (top level) and each other arm's (`arms`), the audit's design fields shared."
+    r = {**DESIGN, **r}
+    yield {**r, "model": "RF"}
+    for m, v in (r.get("arms") or {}).items():
+        yield {**r, **v, "model": m}
+
+
 def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE, alpha: float = 0.05) -> dict:
     "Pool the finished audits of the cache into the results JSON (and figure): per cell and per case mix pooled."
-    rs = [json.loads(p.read_text()) for p in sorted(cache.glob("v*.json"))]
-    rs = [r for r in rs if r.get("version") == VERSION]
-    for r in rs:
-        r.setdefault("propensity", "tabular-insample")
-        r.setdefault("normalise", False)
-        r.setdefault("marked", False)   # audits before cross-fitting: q fitted in-sample
-    key = lambda r: (r["null"], r["propensity"], r["normalise"], r["marked"], r["shared_seed"], r["dataset"], r["n_records"], r["case_mix"], r["scale"])
-    cells = []
+    audits = [json.loads(p.read_text()) for p in sorted(cache.glob("v*.json"))]
+    audits = [r for r in audits if r.get("version") == VERSION]
+    rs = [x for r in audits for x in _arms(r)]
+    design = ("model", *DESIGN)
+    cell_of = ("dataset", "n_records", "case_mix", "scale")
+    cells, pooled = [], []
+    key = lambda r: tuple(r[k] for k in design + cell_of)
     for k, g in itertools.groupby(sorted(rs, key=key), key=key):
         g = list(g)
-        cells.append(dict(zip(("null", "propensity", "normalise", "marked", "shared_seed", "dataset", "n_records", "case_mix", "scale"), k),
-                          K=g[0]["K"], seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
-    pooled = []
-    pk = lambda r: (r["null"], r["propensity"], r["normalise"], r["marked"], r["shared_seed"], r["case_mix"])
+        cells.append(dict(zip(design + cell_of, k), K=g[0]["K"], seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
+    pk = lambda r: tuple(r[k] for k in design + ("case_mix",))
     for k, g in itertools.groupby(sorted([r for r in rs if r["scale"] == 0], key=pk), key=pk):
         g = list(g)
-        pooled.append(dict(zip(("null", "propensity", "normalise", "marked", "shared_seed", "case_mix"), k), sizes=sorted({r["n_records"] for r in g}),
+        pooled.append(dict(zip(design + ("case_mix",), k), sizes=sorted({r["n_records"] for r in g}),
                            datasets=sorted({r["dataset"] for r in g}), **_cell(g, alpha)))
-    out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, model="RF", n_audits=len(rs),
-               machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-               covers=sorted({f"{r['dataset']} n={r['n_records']}" for r in rs}),
-               note=("Partial: the cells listed are the ones measured; sizes above those listed, the MLP arm and the "
-                     "FT emulator (GPU only) are not measured here."),
+    out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, models=sorted({r["model"] for r in rs}),
+               n_audits=len(audits), machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+               covers=sorted({f"{r['model']} {r['dataset']} n={r['n_records']}" for r in rs}),
+               note=("Partial: the cells listed are the ones measured; sizes, case mixes and arms not listed are not "
+                     "measured here, and the FT emulator is GPU-only (not on this curve)."),
                cells=cells, pooled_nothing_planted=pooled)
     result.write_text(json.dumps(out, indent=1))
     write_curve(cells)
@@ -348,14 +410,15 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
     mix and size, the median MDE of the primary check with nothing planted (conditional null, datasets pooled) and the
     mean attenuation over the planted cells."""
     rows = []
-    key = lambda c: (c["case_mix"], c["n_records"])
-    cond = sorted([c for c in cells if c["null"] == "conditional" and not c["shared_seed"]], key=key)
-    for (cm, n), g in itertools.groupby(cond, key=key):
+    key = lambda c: (c["model"], c["case_mix"], c["n_records"])
+    cond = sorted([c for c in cells if c["null"] == "conditional" and not c["shared_seed"] and c["propensity"] == "notes"
+                   and c["marked"] and not c["normalise"]], key=key)   # this release's design
+    for (model, cm, n), g in itertools.groupby(cond, key=key):
         g = list(g)
         for stat in ("argmax", "expected"):
             null = [c[stat]["mde_median"] for c in g if c["scale"] == 0 and c[stat]["mde_median"] is not None]
             att = [c[stat]["attenuation_mean"] for c in g if c["scale"] > 0 and c[stat]["attenuation_mean"] is not None]
-            rows.append(dict(model="RF", statistic=stat, case_mix=cm, n_records=n,
+            rows.append(dict(model=model, statistic=stat, case_mix=cm, n_records=n,
                              mde=float(np.median(null)) if null else None, attenuation=float(np.mean(att)) if att else None,
                              n_audits=int(sum(c["n_fit"] for c in g))))
     path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION, rows=rows), indent=1) + "\n")
@@ -363,35 +426,40 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
 
 def figure_power(cells: list[dict], path: Path) -> None:
     """Per case mix (columns): the primary check's rejection rate (nothing planted: the level; planted: power with the
-    oracle's sign) and its median MDE against cohort size, for the argmax female skew and NMDF_expected (RF)."""
+    oracle's sign) and its median MDE against cohort size, per model, for the argmax female skew and NMDF_expected,
+    with this release's null design (conditional, the notes' propensity, sex-marked records fixed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    df = pd.DataFrame([dict(null=c["null"], n=c["n_records"], case_mix=c["case_mix"], scale=c["scale"], stat=s,
+    df = pd.DataFrame([dict(model=c["model"], n=c["n_records"], case_mix=c["case_mix"], scale=c["scale"], stat=s,
                             rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"], mde=c[s]["mde_median"])
-                       for c in cells for s in ("argmax", "expected") if c[s]["rate"]["n"]])
+                       for c in cells if c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"]
+                       and not c["normalise"] and not c["shared_seed"]
+                       for s in ("argmax", "expected") if c[s]["rate"]["n"]])
     if df.empty:
         return
-    df = df[df["null"] == "conditional"]
     mixes = sorted(df["case_mix"].unique())
-    fig, axes = plt.subplots(2, len(mixes), figsize=(4.2 * len(mixes), 6.5), squeeze=False)
-    names = {"argmax": "female skew (argmax)", "expected": "NMDF_expected"}
+    fig, axes = plt.subplots(2, len(mixes), figsize=(4.4 * len(mixes), 6.8), squeeze=False)
+    names = {"argmax": "skew", "expected": "NMDF_E"}
     for j, cm in enumerate(mixes):
         d = df[df["case_mix"] == cm]
-        for (stat, scale), g in d.groupby(["stat", "scale"]):
+        for (model, stat, scale), g in d.groupby(["model", "stat", "scale"]):
             g = g.groupby("n").rate.mean()
             axes[0, j].plot(g.index, g.values, marker="o" if stat == "argmax" else "s", ls="-" if scale else ":",
-                            label=f"{names[stat]}, x{scale:g}")
+                            color="C0" if model == "RF" else "C1", alpha=0.5 + 0.1 * min(scale, 5),
+                            label=f"{model} {names[stat]} x{scale:g}")
         axes[0, j].axhline(0.05, color="grey", lw=0.8)
         axes[0, j].set(xscale="log", ylim=(-0.03, 1.03), title=f"case mix by sex {cm:g}", xlabel="records",
                        ylabel="rejection rate (x0: level; planted: power)" if j == 0 else "")
-        for stat, g in d[d["scale"] == 0].groupby("stat"):
+        for (model, stat), g in d[d["scale"] == 0].groupby(["model", "stat"]):
             g = g.groupby("n").mde.median()
-            axes[1, j].plot(g.index, g.values, marker="o", label=f"{names[stat]} ({'proportion' if stat == 'argmax' else 'levels'})")
-        axes[1, j].set(xscale="log", xlabel="records", ylabel="median MDE, nothing planted" if j == 0 else "")
-    axes[0, 0].legend(fontsize=7)
+            axes[1, j].plot(g.index, g.values, marker="o" if stat == "argmax" else "s", color="C0" if model == "RF" else "C1",
+                            label=f"{model} {names[stat]} ({'proportion' if stat == 'argmax' else 'levels'})")
+        axes[1, j].set(xscale="log", yscale="log", xlabel="records", ylabel="median MDE, nothing planted" if j == 0 else "")
+    axes[0, 0].legend(fontsize=6)
     axes[1, 0].legend(fontsize=7)
-    fig.suptitle("RF emulator, conditional null, K null RFs: level, power and MDE against cohort size", fontsize=10)
+    fig.suptitle("Conditional null (notes' propensity, sex-marked records fixed), K null emulators: level, power, MDE",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -416,6 +484,8 @@ def main(argv=None) -> None:
                    help="every note in g's rendering (round trip) for the real RF, its nulls and both sides of every pair")
     r.add_argument("--marked", action="store_true",
                    help="records whose sex-neutral notes hold a sex-marked word g leaves (sex_marked_terms) keep their sex")
+    r.add_argument("--models", nargs="+", choices=["RF", "MLP"], default=["RF"],
+                   help="the arms: RF always; MLP (MiniLM embeddings) beside it on the same cohort, nulls and pairs")
     r.add_argument("--fitness-n", type=int, default=1000)
     r.add_argument("--n-boot", type=int, default=200)
     s = sub.add_parser("summarise")
