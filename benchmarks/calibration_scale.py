@@ -28,7 +28,7 @@ so a killed run resumes where it was. `summarise` pools the audits into benchmar
 (+ figure), one cell per model x design x dataset x size x case mix x planted scale, labelled with what they cover.
 
     nice -n 10 .venv/bin/python benchmarks/calibration_scale.py run --datasets synth-fr synth-en --sizes 3000 12000 \
-        --case-mix 0 1 2 --scales 0 --seeds 6 --K 9 --marked
+        --case-mix 0 1 2 --scales 0 --seeds 6 --K 9
     .venv/bin/python benchmarks/calibration_scale.py summarise
 """
 from __future__ import annotations
@@ -482,8 +482,9 @@ def main(argv=None) -> None:
                         "or the tabular fields only (the first design)")
     r.add_argument("--normalise", action="store_true",
                    help="every note in g's rendering (round trip) for the real RF, its nulls and both sides of every pair")
-    r.add_argument("--marked", action="store_true",
-                   help="records whose sex-neutral notes hold a sex-marked word g leaves (sex_marked_terms) keep their sex")
+    r.add_argument("--marked", action=argparse.BooleanOptionalAction, default=True,
+                   help="records whose sex-neutral notes hold a sex-marked word g leaves (sex_marked_terms) keep their sex "
+                        "(stage 04's null_fix_marked, default true)")
     r.add_argument("--models", nargs="+", choices=["RF", "MLP"], default=["RF"],
                    help="the arms: RF always; MLP (MiniLM embeddings) beside it on the same cohort, nulls and pairs")
     r.add_argument("--fitness-n", type=int, default=1000)
