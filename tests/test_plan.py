@@ -156,6 +156,6 @@ def test_plan_detect_reads_the_measured_curve(capsys):
     out = capsys.readouterr().out
     assert "RF emulator, female skew (the primary check), case mix 1:" in out
     rows = calibration_curve()
-    assert rows and all(r["model"] == "RF" for r in rows)   # the benchmark's summary ships with the package
+    assert rows and {r["model"] for r in rows} <= {"RF", "MLP"} and any(r["model"] == "RF" for r in rows)   # shipped
     d = detectable_size(0.021, rows=rows)
     assert (f"about {d['n']:,.0f} records" in out) if d["n"] is not None else ("no answer: " + d["why"]) in out
