@@ -1,5 +1,6 @@
 """The audit's test end to end on small synthetic cohorts, through the stages' own functions: stage 04's conditional
-permutation (`null_sexes`: K copies + the tuning copy, `permute_sex` rewriting the re-sexed notes, null emulator k with
+permutation (`null_design`: the notes' propensity, sex-marked records fixed, K copies + the tuning copy, `permute_sex`
+rewriting the re-sexed notes, null emulator k with
 `null_training_seed`), stage 06's RF search on the tuning copy and the real RF and its null RFs on those
 hyperparameters (`fixed_params`), 07's pairs, 08's scoring, 09's fitness verdict and `permutation_test`. With nothing planted the fit RF has no primary finding and at most one secondary one of its 18
 checks; with a large planted tabular effect it has findings in the full and the tabular-isolated views. The test's level and power are measured
@@ -15,8 +16,7 @@ from triage_cf.audit.counterfactuals import build_pairs
 from triage_cf.data import load_manifest, load_records
 from triage_cf.audit.emulator import proba_frame, stratified_subsample
 from triage_cf.audit.metrics import EXPECTED_METRICS, TESTED_METRICS, fitness_table, permutation_test
-from triage_cf.audit.null_control import (null_sexes, null_training_seed, other_sex_rewrites, permute_sex, rewritable,
-                                          sex_level_association)
+from triage_cf.audit.null_control import null_design, null_training_seed, permute_sex, sex_level_association
 from triage_cf.audit.predict import pairs_for_metrics, text_model_pair_predictions
 from triage_cf.audit.split import stratified_split
 
@@ -36,9 +36,8 @@ def _audit(bias_tab: float, n_records: int = 1400, seed: int = 7) -> tuple[pd.Da
     test = cohort[cohort.record_id.map(part) == "test"].sort_values("record_id").reset_index(drop=True)
     levels = sorted(int(l) for l in cohort.triage_level.unique())
     y = train.triage_level.astype(int).to_numpy()
-    rewrites = other_sex_rewrites(train, tf, lang)
-    copies = [permute_sex(train, tf, lang, rewrites=rewrites, new_sex=s)
-              for s in null_sexes(train, rewritable(rewrites, tf, len(train)), K + 1, seed)]   # K nulls + the tuning copy
+    sexes, design = null_design(train, tf, lang, K + 1, seed)                  # stage 04's defaults: K nulls + tuning copy
+    copies = [permute_sex(train, tf, lang, rewrites=design["rewrites"], new_sex=s) for s in sexes]
     _, rep = fit_rf_tfidf(record_texts(copies[K][0], "full", lang, text_fields=tf), y, levels, seed=seed, param_grid=GRID)
     rf, _ = fit_rf_tfidf(record_texts(train, "full", lang, text_fields=tf), y, levels, seed=seed,
                          fixed_params=rep["best_params"])
