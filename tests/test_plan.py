@@ -159,3 +159,21 @@ def test_plan_detect_reads_the_measured_curve(capsys):
     assert rows and {r["model"] for r in rows} <= {"RF", "MLP"} and any(r["model"] == "RF" for r in rows)   # shipped
     d = detectable_size(0.021, rows=rows)
     assert (f"about {d['n']:,.0f} records" in out) if d["n"] is not None else ("no answer: " + d["why"]) in out
+
+
+def test_plan_detect_model_picks_the_curve(capsys, tmp_path, monkeypatch):
+    "`--detect-model MLP` answers from the MLP's rows only: with two measured sizes, a size; without, why not."
+    import json
+    import triage_cf.audit.plan as plan_mod
+    rows = [dict(model="MLP", statistic="argmax", case_mix=1.0, n_records=n, mde=m, attenuation=0.5, n_audits=1)
+            for n, m in ((3000, 0.20), (12000, 0.10))]
+    rows.append(dict(model="RF", statistic="argmax", case_mix=1.0, n_records=3000, mde=0.15, attenuation=0.5, n_audits=1))
+    curve = tmp_path / "calibration_curve.json"
+    curve.write_text(json.dumps(dict(rows=rows)))
+    monkeypatch.setattr(plan_mod, "resource_path", lambda name: curve)
+    assert main(["plan", "--dataset", "synth-en", "--profile", "default", "--run-dir", "/nonexistent", "--detect", "5",
+                 "--detect-model", "MLP"]) == 0
+    out = capsys.readouterr().out
+    assert "MLP emulator, female skew" in out and "about 48,000 records" in out     # 0.05 = 0.10 / 2 at 4 x 12,000
+    assert main(["plan", "--dataset", "synth-en", "--profile", "default", "--run-dir", "/nonexistent", "--detect", "5"]) == 0
+    assert "the curve has 1 measured size(s) for RF" in capsys.readouterr().out

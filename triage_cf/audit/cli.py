@@ -86,14 +86,14 @@ def _cmd_plan(args) -> int:
         return 2
     print(json.dumps(p, indent=2, default=str) if args.json else format_plan(p))
     if args.detect is not None:
-        print(detect_sentence(args.detect, args.case_mix))
+        print(detect_sentence(args.detect, args.case_mix, args.detect_model))
     return 0
 
 
-def detect_sentence(points: float, case_mix: float) -> str:
-    "`plan --detect POINTS`: the cohort size at which the RF's primary check detects that female skew (measured curve)."
-    d = detectable_size(points / 100, "RF", case_mix, "argmax")
-    head = f"RF emulator, female skew (the primary check), case mix {case_mix:g}: "
+def detect_sentence(points: float, case_mix: float, model: str = "RF") -> str:
+    "`plan --detect POINTS`: the cohort size at which `model`'s primary check detects that female skew (measured curve)."
+    d = detectable_size(points / 100, model, case_mix, "argmax")
+    head = f"{model} emulator, female skew (the primary check), case mix {case_mix:g}: "
     body = (f"an MDE of {points:g} points at about {d['n']:,.0f} records ({d['why']}; measured MDE: "
             f"{', '.join(f'{n:,} records: {100 * m:.1f} points' for n, m in d['measured'])})" if d["n"] is not None
             else f"no answer: {d['why']}")
@@ -154,4 +154,6 @@ def register(sub) -> None:
                    help="also say which cohort size detects a female skew of POINTS (e.g. 2.1) at 80%% power, from the "
                         "measured calibration curve (RF emulator)")
     p.add_argument("--case-mix", type=float, default=1.0, help="with --detect: the case mix by sex of the curve (0, 1, 2)")
+    p.add_argument("--detect-model", choices=["RF", "MLP"], default="RF",
+                   help="with --detect: the emulator whose measured curve answers (the FT emulator is GPU-only, not on it)")
     p.set_defaults(func=_cmd_plan)
