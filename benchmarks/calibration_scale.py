@@ -57,7 +57,8 @@ SOFT = "NMDF_expected"
 def audit_key(a: dict) -> str:
     return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}{norm}"
             .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + ("_mk" if a.get("marked") else "")
-                    + ("_mlp" if "MLP" in a.get("models", ["RF"]) else ""),
+                    + ("_mlp" if "MLP" in a.get("models", ["RF"]) else "")
+                    + (f"_ms{a['rf_max_samples']}" if a.get("rf_max_samples") else ""),
                     q={"notes": "_qnotes", "tabular": "_qtab"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
@@ -261,7 +262,7 @@ def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
             t = time.perf_counter()
             seed_k = a["seed"] if (k == "real" or a["shared_seed"]) else a["seed"] + 1000 * (k + 1)
             def make(texts=texts, seed_k=seed_k, k=k):
-                rf, _ = fit_rf_tfidf(texts, y, levels, seed=seed_k, fixed_params=best)
+                rf, _ = fit_rf_tfidf(texts, y, levels, seed=seed_k, fixed_params=best, max_samples=a.get("rf_max_samples") or None)
                 if k == "real":
                     t2 = d["table2_test"]
                     test = pd.concat([t2[["record_id"]].assign(view="full", triage_level=t2["triage_level"].astype(int)
@@ -306,7 +307,8 @@ def tasks(args) -> list[dict]:
     for n, ds, cm, x, s in itertools.product(args.sizes, args.datasets, args.case_mix, args.scales, range(args.seeds)):
         out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
                         K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity,
-                        normalise=bool(args.normalise), marked=bool(args.marked), models=list(args.models)))
+                        normalise=bool(args.normalise), marked=bool(args.marked), models=list(args.models),
+                        rf_max_samples=int(args.rf_max_samples or 0)))
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
 
@@ -364,7 +366,8 @@ def _cell(rs: list[dict], alpha: float) -> dict:
 
 
 #: the design fields that make a cell (with dataset, size, case mix and planted scale); older audits lack the later ones
-DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False, marked=False, shared_seed=False)
+DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False, marked=False, shared_seed=False,
+              rf_max_samples=0)   # 0: no cap
 
 
 def _arms(r: dict):
@@ -487,6 +490,8 @@ def main(argv=None) -> None:
                         "(stage 04's null_fix_marked, default true)")
     r.add_argument("--models", nargs="+", choices=["RF", "MLP"], default=["RF"],
                    help="the arms: RF always; MLP (MiniLM embeddings) beside it on the same cohort, nulls and pairs")
+    r.add_argument("--rf-max-samples", type=int, default=None,
+                   help="each tree of the RFs (real and null) draws at most this many records (stage 06's rf_max_samples)")
     r.add_argument("--fitness-n", type=int, default=1000)
     r.add_argument("--n-boot", type=int, default=200)
     s = sub.add_parser("summarise")

@@ -219,13 +219,18 @@ def _stratify_ok(y: np.ndarray, n_test: int) -> bool:
     counts = np.unique(y, return_counts=True)[1]
     return counts.min() >= 2 and len(counts) <= min(n_test, len(y) - n_test)
 
+def _cap(n: int, max_samples: int | None) -> dict:
+    "The forest's bootstrap cap for `n` training records (`fit_rf_tfidf`'s `max_samples`): none at or below it."
+    return {"rf__max_samples": int(max_samples)} if max_samples is not None and n > int(max_samples) else {}
+
 def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int], seed: int = 42,
                  search_frac: float = 0.5, param_grid: Mapping | None = None, cv: int = 3, n_jobs: int = 1,
-                 fixed_params: Mapping | None = None, search_max: int | None = 4000):
+                 fixed_params: Mapping | None = None, search_max: int | None = 4000, max_samples: int | None = None):
     """(TF-IDF + random forest pipeline refitted on all of `texts`, search report) with hyperparameters chosen by
     `cv`-fold CV ($\\kappa_w$) on a stratified `search_frac` sub-partition of the training texts (at most `search_max`
     records: the grid's ranking is settled well before, and the search would dominate a large cohort's audit), or
-    `fixed_params` (no search: the hyperparameters the audit chose once for the real RF and its null emulators)."""
+    `fixed_params` (no search: the hyperparameters the audit chose once for the real RF and its null emulators).
+    `max_samples`: each tree of the final forest draws at most this many records (a large cohort's cost; None: all)."""
     texts = list(texts)
     y = _check_labels(labels, levels, "RF training labels")
     if len(texts) != len(y):
@@ -235,7 +240,7 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
     pipe = Pipeline([("tfidf", TfidfVectorizer(sublinear_tf=True, min_df=1)),
                      ("rf", RandomForestClassifier(random_state=seed, n_jobs=n_jobs))])
     if fixed_params is not None:
-        best = pipe.set_params(**dict(fixed_params)).fit(texts, y)
+        best = pipe.set_params(**dict(fixed_params), **_cap(len(texts), max_samples)).fit(texts, y)
         return best, dict(best_params=dict(fixed_params), best_cv_kappa_w=float("nan"), n_search=0, n_train=int(len(texts)),
                           cv=0, search_frac=0.0, cv_results=pd.DataFrame(columns=["params", "mean_kappa_w", "std_kappa_w", "rank"]))
     idx = np.arange(len(texts))
@@ -248,7 +253,7 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
     search = GridSearchCV(pipe, dict(param_grid or RF_GRID), cv=StratifiedKFold(cv, shuffle=True, random_state=seed),
                           scoring=scorer, n_jobs=1, refit=False)
     search.fit([texts[i] for i in idx], y[idx])
-    best = pipe.set_params(**search.best_params_).fit(texts, y)
+    best = pipe.set_params(**search.best_params_, **_cap(len(texts), max_samples)).fit(texts, y)
     res = pd.DataFrame(search.cv_results_)
     report = dict(best_params=search.best_params_, best_cv_kappa_w=float(search.best_score_), n_search=int(len(idx)),
                   n_train=int(len(texts)), cv=cv, search_frac=search_frac,
