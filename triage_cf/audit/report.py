@@ -790,8 +790,10 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
                                  "within the model. MDE: the smallest effect the test detects with 80% power.",
                                  "tables/null_test.csv", note=html.escape(f"Null emulators per model: {k}.")))
     parts.append(generic_block(rt, "null_control_permutation", "How the null emulators' training data were made: the sex "
-                               "permuted conditionally on the case mix (or uniformly: column null_permutation), its "
-                               "association with the triage level and its case-mix signal (AUC) before and after."))
+                               "permuted conditionally on the case mix (or uniformly: column null_permutation; the propensity's "
+                               "inputs: null_propensity), the records kept at their sex for a sex-marked word g leaves "
+                               "(n_fixed_marked), the sex's association with the triage level and its case-mix signal "
+                               "(AUC) before and after."))
     parts.append(generic_block(rt, "null_baselines", "The null emulators' own cross-validated kappa_w."))
     return section("bias", "Gender bias metrics (paper §3.3)", parts)
 
