@@ -58,7 +58,8 @@ def audit_key(a: dict) -> str:
     return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}{norm}"
             .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + ("_mk" if a.get("marked") else "")
                     + ("_mlp" if "MLP" in a.get("models", ["RF"]) else "")
-                    + (f"_ms{a['rf_max_samples']}" if a.get("rf_max_samples") else ""),
+                    + (f"_ms{a['rf_max_samples']}" if a.get("rf_max_samples") else "")
+                    + ("_pseudo" if a.get("pseudo_real") else ""),
                     q={"notes": "_qnotes", "tabular": "_qtab"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
@@ -118,6 +119,10 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
     from triage_cf.audit.null_control import null_design, permute_sex, sex_case_mix_auc
     t = time.perf_counter()
     train, lang, tf = d["train"], d["lang"], d["text_fields"]
+    if a.get("pseudo_real"):   # the check of the procedure: "real" = one conditional draw from the real records
+        s_star, dz = null_design(train, tf, lang, 1, a["seed"] + 7777, notes=a["propensity"] == "notes",
+                                 fix_marked=bool(a.get("marked")))
+        train = permute_sex(train, tf, lang, rewrites=dz["rewrites"], new_sex=s_star[0])[0]
     sexes, design = null_design(train, tf, lang, a["K"] + 1, a["seed"], method=a["null"],
                                 notes=a["propensity"] == "notes", fix_marked=bool(a.get("marked")))
     eligible, q, rewrites = design["eligible"], design["q"], design["rewrites"]
@@ -308,7 +313,7 @@ def tasks(args) -> list[dict]:
         out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
                         K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity,
                         normalise=bool(args.normalise), marked=bool(args.marked), models=list(args.models),
-                        rf_max_samples=int(args.rf_max_samples or 0)))
+                        rf_max_samples=int(args.rf_max_samples or 0), pseudo_real=bool(args.pseudo_real)))
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
 
@@ -367,7 +372,7 @@ def _cell(rs: list[dict], alpha: float) -> dict:
 
 #: the design fields that make a cell (with dataset, size, case mix and planted scale); older audits lack the later ones
 DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False, marked=False, shared_seed=False,
-              rf_max_samples=0)   # 0: no cap
+              rf_max_samples=0, pseudo_real=False)   # 0: no cap
 
 
 def _arms(r: dict):
@@ -492,6 +497,9 @@ def main(argv=None) -> None:
                    help="the arms: RF always; MLP (MiniLM embeddings) beside it on the same cohort, nulls and pairs")
     r.add_argument("--rf-max-samples", type=int, default=None,
                    help="each tree of the RFs (real and null) draws at most this many records (stage 06's rf_max_samples)")
+    r.add_argument("--pseudo-real", action="store_true",
+                   help="a check of the procedure: the audited RF trains on one conditional draw of the sexes (its "
+                        "notes through g) in place of the real ones, its nulls drawn from that, as if it were real")
     r.add_argument("--fitness-n", type=int, default=1000)
     r.add_argument("--n-boot", type=int, default=200)
     s = sub.add_parser("summarise")
