@@ -413,14 +413,19 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
     return out
 
 
+def release_design(c: dict) -> bool:
+    "Whether a cell ran this release's null design (stage 04's defaults; no cap, no ablation)."
+    return (c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"] and not c["normalise"]
+            and not c["shared_seed"] and not c["rf_max_samples"] and not c["pseudo_real"])
+
+
 def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources" / "calibration_curve.json") -> None:
     """The package's copy of the measured curve (`triage_cf.audit.plan.calibration_curve`): per model, statistic, case
     mix and size, the median MDE of the primary check with nothing planted (conditional null, datasets pooled) and the
     mean attenuation over the planted cells."""
     rows = []
     key = lambda c: (c["model"], c["case_mix"], c["n_records"])
-    cond = sorted([c for c in cells if c["null"] == "conditional" and not c["shared_seed"] and c["propensity"] == "notes"
-                   and c["marked"] and not c["normalise"]], key=key)   # this release's design
+    cond = sorted([c for c in cells if release_design(c)], key=key)
     for (model, cm, n), g in itertools.groupby(cond, key=key):
         g = list(g)
         for stat in ("argmax", "expected"):
@@ -429,7 +434,15 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
             rows.append(dict(model=model, statistic=stat, case_mix=cm, n_records=n,
                              mde=float(np.median(null)) if null else None, attenuation=float(np.mean(att)) if att else None,
                              n_audits=int(sum(c["n_fit"] for c in g))))
-    path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION, rows=rows), indent=1) + "\n")
+    level = []   # the primary check's false findings with nothing planted, per model and size (case mixes, languages pooled)
+    lk = lambda c: (c["model"], c["n_records"])
+    for (model, n), g in itertools.groupby(sorted([c for c in cond if c["scale"] == 0], key=lk), key=lk):
+        g = list(g)
+        level.append(dict(model=model, n_records=n, n_pairs=float(np.median([c["n_pairs_median"] for c in g])),
+                          k=int(sum(c["argmax"]["rate"]["k"] for c in g)), n=int(sum(c["argmax"]["rate"]["n"] for c in g)),
+                          case_mix=sorted({c["case_mix"] for c in g}), datasets=sorted({c["dataset"] for c in g})))
+    path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION, rows=rows, level=level),
+                               indent=1) + "\n")
 
 
 def figure_power(cells: list[dict], path: Path) -> None:
@@ -441,8 +454,7 @@ def figure_power(cells: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     df = pd.DataFrame([dict(model=c["model"], n=c["n_records"], case_mix=c["case_mix"], scale=c["scale"], stat=s,
                             rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"], mde=c[s]["mde_median"])
-                       for c in cells if c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"]
-                       and not c["normalise"] and not c["shared_seed"]
+                       for c in cells if release_design(c)
                        for s in ("argmax", "expected") if c[s]["rate"]["n"]])
     if df.empty:
         return

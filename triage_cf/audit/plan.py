@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from statsmodels.stats.proportion import proportion_confint
 
 from .. import chain
 from .baselines import fs_settings
@@ -26,7 +27,8 @@ from .null_control import null_counts
 __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS', 'GPU_UTILISATION', 'VIEWS_PER_RECORD',
            'CALIBRATION_CURVE', 'model_config', 'llama_parameter_counts', 'memory_gb', 'dataset_sizes', 'prompt_tokens',
            'workload', 'fs_flops_per_token', 'stage_seconds', 'stage_basis', 'cached_stages', 'effective_params',
-           'PlanRefused', 'plan', 'format_hardware', 'format_plan', 'calibration_curve', 'detectable_size']
+           'PlanRefused', 'plan', 'format_hardware', 'format_plan', 'calibration_curve', 'calibration_level',
+           'detectable_size', 'measured_level']
 
 # %% ../../nbs/1_audit/11_plan.ipynb #a96f0963
 #: Reference model of the CPU measurements (SmolLM2-135M-Instruct), parameter count.
@@ -511,6 +513,11 @@ def calibration_curve(path: str | Path | None = None) -> list[dict]:
         return []
     return json.loads(p.read_text())["rows"]
 
+def calibration_level(path: str | Path | None = None) -> list[dict]:
+    "The measured level rows (model, n_records, n_pairs, k false primary findings, n fit nothing-planted audits)."
+    p = Path(path) if path is not None else resource_path(CALIBRATION_CURVE)
+    return json.loads(p.read_text()).get("level", []) if p.is_file() else []
+
 # %% ../../nbs/1_audit/11_plan.ipynb #bc487733
 def detectable_size(target: float, model: str = "RF", case_mix: float = 1.0, statistic: str = "argmax",
                     rows: list[dict] | None = None) -> dict:
@@ -528,3 +535,19 @@ def detectable_size(target: float, model: str = "RF", case_mix: float = 1.0, sta
     n = float(np.exp((np.log(target) - a) / b))
     where = "interpolated" if pts[0][0] <= n <= pts[-1][0] else "extrapolated beyond the measured sizes"
     return {**out, "n": n, "slope": float(b), "why": f"{where} ({len(pts)} measured sizes, slope {b:.2f})"}
+
+# %% ../../nbs/1_audit/11_plan.ipynb #e8a2d5f1
+def measured_level(n_pairs: float, model: str = "RF", alpha: float = 0.05, upper: float = 0.10,
+                   rows: list[dict] | None = None) -> dict:
+    "The calibration's false-positive rate of `model`'s primary check at the size nearest `n_pairs`, and whether verified."
+    rs = [r for r in (calibration_level() if rows is None else rows) if r["model"] == model and r["n"] > 0]
+    if not rs or not n_pairs or n_pairs <= 0:
+        return dict(model=model, measured=False, verified=False, why=f"no nothing-planted calibration of {model}")
+    r = min(rs, key=lambda r: abs(np.log(r["n_pairs"] / n_pairs)))
+    lo, hi = proportion_confint(r["k"], r["n"], alpha=0.05, method="beta")
+    near = abs(np.log(r["n_pairs"] / n_pairs)) <= np.log(2)
+    ok = near and r["k"] / r["n"] <= alpha and hi <= upper
+    why = (f"{r['k']}/{r['n']} false primary findings [95% CI {100 * lo:.0f}-{100 * hi:.0f}%] in nothing-planted "
+           f"synthetic audits of {r['n_records']:,} records" + ("" if near else ", not within a factor of 2 of this audit's size"))
+    return dict(model=model, measured=True, verified=bool(ok), n_records=r["n_records"], k=r["k"], n=r["n"],
+                ci=(float(lo), float(hi)), why=why)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..core import VIEWS, RunPaths, atomic_write_text, read_parquet, suppress_small_cells, write_table
 from .metrics import METRICS, REFERENCE_MODELS
-from .plan import calibration_curve, detectable_size
+from .plan import calibration_curve, detectable_size, measured_level
 
 # %% auto #0
 __all__ = ['ADVICE', 'VIEW_WORDS', 'PAPER_SKEW', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T7_COLUMNS', 'FIGURE_CAPTIONS',
@@ -376,7 +376,15 @@ def _test_clause(r) -> str:
     if finding is None:
         return f"; undecided (no fitness verdict; {stat} against {k} null emulators, median {null})"
     return (f"; {'a finding: outside' if finding else 'not a finding: within'} what its {k} null emulators show "
-            f"(median {null}; {stat})")
+            f"(median {null}; {stat})" + (_level_clause(r) if finding else ""))
+
+def _level_clause(r) -> str:
+    "' (the test's level at this size: 1/60 false findings … ; not verified …)' for a finding, from the measured curve."
+    lv = measured_level(num(r.get("n_pairs", np.nan)), str(r.get("model", "")))
+    if not lv["measured"]:
+        return f" (the test's level is not measured for {r.get('model', 'this model')}: a lead, not yet a finding)"
+    return (f" (the test's level at this size: {lv['why']}" +
+            ("" if lv["verified"] else "; not verified there, so a lead, not yet a finding") + ")")
 
 def _null_summary(r) -> tuple[str, str, str]:
     "(K, 'median [95% range]' of the null emulators, 'p = …, q = …') of a tested Table 3 row (no q for the primary check)."
