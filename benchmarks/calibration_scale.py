@@ -56,7 +56,7 @@ SOFT = "NMDF_expected"
 
 def audit_key(a: dict) -> str:
     return ("v{v}_{dataset}_n{n_records}_c{case_mix:g}_x{scale:g}_s{seed}_K{K}_{null}{shared}{q}{norm}"
-            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + ("_mk" if a.get("marked") else "")
+            .format(v=VERSION, shared="_shared" if a["shared_seed"] else "", norm=("_norm" if a.get("normalise") else "") + {True: "_mk", "both": "_mk2"}.get(a.get("marked"), "")
                     + ("_mlp" if "MLP" in a.get("models", ["RF"]) else "")
                     + (f"_ms{a['rf_max_samples']}" if a.get("rf_max_samples") else "")
                     + ("_pseudo" if a.get("pseudo_real") else ""),
@@ -312,7 +312,7 @@ def tasks(args) -> list[dict]:
     for n, ds, cm, x, s in itertools.product(args.sizes, args.datasets, args.case_mix, args.scales, range(args.seeds)):
         out.append(dict(dataset=ds, n_records=int(n), case_mix=float(cm), scale=float(x), seed=int(args.first_seed + s),
                         K=int(args.K), null=args.null, shared_seed=bool(args.shared_seed), propensity=args.propensity,
-                        normalise=bool(args.normalise), marked=bool(args.marked), models=list(args.models),
+                        normalise=bool(args.normalise), marked="both" if args.marked else False, models=list(args.models),
                         rf_max_samples=int(args.rf_max_samples or 0), pseudo_real=bool(args.pseudo_real)))
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
@@ -371,13 +371,14 @@ def _cell(rs: list[dict], alpha: float) -> dict:
 
 
 #: the design fields that make a cell (with dataset, size, case mix and planted scale); older audits lack the later ones
-DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False, marked=False, shared_seed=False,
+DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False, marked="none", shared_seed=False,
               rf_max_samples=0, pseudo_real=False)   # 0: no cap
 
 
 def _arms(r: dict):
     "An audit's records per model: the RF's (top level) and each other arm's (`arms`), the audit's design fields shared."
     r = {**DESIGN, **r}
+    r["marked"] = {True: "male rendering", "both": "both renderings"}.get(r["marked"], "none")   # what fixed records
     yield {**r, "model": "RF"}
     for m, v in (r.get("arms") or {}).items():
         yield {**r, **v, "model": m}
@@ -415,7 +416,8 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
 
 def release_design(c: dict) -> bool:
     "Whether a cell ran this release's null design (stage 04's defaults; no cap, no ablation)."
-    return (c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"] and not c["normalise"]
+    return (c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"] == "both renderings"
+            and not c["normalise"]
             and not c["shared_seed"] and not c["rf_max_samples"] and not c["pseudo_real"])
 
 
@@ -503,8 +505,8 @@ def main(argv=None) -> None:
     r.add_argument("--normalise", action="store_true",
                    help="every note in g's rendering (round trip) for the real RF, its nulls and both sides of every pair")
     r.add_argument("--marked", action=argparse.BooleanOptionalAction, default=True,
-                   help="records whose sex-neutral notes hold a sex-marked word g leaves (sex_marked_terms) keep their sex "
-                        "(stage 04's null_fix_marked, default true)")
+                   help="records whose notes, rendered for either sex, hold a sex-marked word g leaves (sex_marked_terms) "
+                        "keep their sex (stage 04's null_fix_marked, default true)")
     r.add_argument("--models", nargs="+", choices=["RF", "MLP"], default=["RF"],
                    help="the arms: RF always; MLP (MiniLM embeddings) beside it on the same cohort, nulls and pairs")
     r.add_argument("--rf-max-samples", type=int, default=None,

@@ -105,11 +105,11 @@ def _propensity_model(records: pd.DataFrame, notes: bool = False) -> tuple[Pipel
     return pipe, cat + num + (["age"] if has("age") else []) + (["_notes"] if notes else [])
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #7986bbdb
-def sex_neutral_notes(records: pd.DataFrame, text_fields: list[str], rewrites: dict) -> list[str]:
-    """Every record's text fields as $g$ writes them for a man (a woman's rewritten, a man's as they are), joined: the
-    case mix the notes carry, with the words that tell the sex made the same for everyone (`other_sex_rewrites`)."""
-    men = assign_sex(records, text_fields, np.full(len(records), "M", dtype=object), rewrites)
-    return [" ".join(v for v in row if isinstance(v, str)) for row in men[list(text_fields)].itertuples(index=False)]
+def sex_neutral_notes(records: pd.DataFrame, text_fields: list[str], rewrites: dict, sex: str = "M") -> list[str]:
+    """Every record's text fields as $g$ writes them for one `sex` (a man by default: a woman's rewritten, a man's as
+    they are), joined: the case mix the notes carry, the words that tell the sex made the same for everyone."""
+    one = assign_sex(records, text_fields, np.full(len(records), sex, dtype=object), rewrites)
+    return [" ".join(v for v in row if isinstance(v, str)) for row in one[list(text_fields)].itertuples(index=False)]
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #5b0e7c21
 PROPENSITY_C = (0.01, 0.03, 0.1, 0.3, 1.0)   # the logistic regression's inverse penalty, chosen by cross-validated log loss
@@ -212,8 +212,11 @@ def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copi
     eligible, sex = rewritable(rewrites, text_fields, len(records)), records["sex"].astype(str).to_numpy()
     neutral = sex_neutral_notes(records, text_fields, rewrites) if text_fields and (notes or fix_marked) else None
     pick = lambda mask: [neutral[i] for i in np.flatnonzero(mask)]
-    terms = sex_marked_terms(pick(eligible), sex[eligible]) if fix_marked and neutral and eligible.any() else []
-    marked = marked_records(neutral, terms) & eligible if terms else np.zeros(len(records), bool)
+    marked, terms = np.zeros(len(records), bool), []
+    if fix_marked and neutral and eligible.any():   # in both renderings: a style only one sex's notes take shows in one
+        for notes_s in (neutral, sex_neutral_notes(records, text_fields, rewrites, "F")):
+            t = sex_marked_terms([notes_s[i] for i in np.flatnonzero(eligible)], sex[eligible])
+            terms, marked = terms + [w for w in t if w not in terms], marked | (marked_records(notes_s, t) & eligible)
     eligible = eligible & ~marked
     q = np.full(len(records), np.nan)
     if eligible.any() and len(set(sex[eligible])) == 2:
