@@ -414,25 +414,36 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
     return out
 
 
-def release_design(c: dict) -> bool:
-    "Whether a cell ran this release's null design (stage 04's defaults; no cap, no ablation)."
-    return (c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"] == "both renderings"
-            and not c["normalise"]
+def release_design(c: dict, marked: str = "both renderings") -> bool:
+    "Whether a cell ran this release's null design (stage 04's defaults; no cap, no ablation), or `marked` in its place."
+    return (c["null"] == "conditional" and c["propensity"] == "notes" and c["marked"] == marked and not c["normalise"]
             and not c["shared_seed"] and not c["rf_max_samples"] and not c["pseudo_real"])
+
+
+def curve_design(cells: list[dict]) -> str:
+    """The sex-marked rule of the cells the curve reads: this release's (both renderings) where they cover at least two
+    sizes, else the previous rule (male rendering), which the JSON then names."""
+    sizes = lambda m: {c["n_records"] for c in cells if release_design(c, m) and c["scale"] == 0}
+    return "both renderings" if len(sizes("both renderings")) >= 2 or not sizes("male rendering") else "male rendering"
 
 
 def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources" / "calibration_curve.json") -> None:
     """The package's copy of the measured curve (`triage_cf.audit.plan.calibration_curve`): per model, statistic, case
-    mix and size, the median MDE of the primary check with nothing planted (conditional null, datasets pooled) and the
-    mean attenuation over the planted cells."""
+    mix and size, the median MDE of the primary check with nothing planted (the curve's null design, datasets pooled)
+    and the mean attenuation over the planted cells of any conditional design (the real emulator's estimate over the
+    oracle's does not depend on how its nulls are drawn)."""
     rows = []
     key = lambda c: (c["model"], c["case_mix"], c["n_records"])
-    cond = sorted([c for c in cells if release_design(c)], key=key)
+    design = curve_design(cells)
+    cond = sorted([c for c in cells if release_design(c, design)], key=key)
+    planted = [c for c in cells if c["scale"] > 0 and c["null"] == "conditional" and not c["normalise"]
+               and not c["rf_max_samples"] and not c["pseudo_real"]]
     for (model, cm, n), g in itertools.groupby(cond, key=key):
         g = list(g)
         for stat in ("argmax", "expected"):
             null = [c[stat]["mde_median"] for c in g if c["scale"] == 0 and c[stat]["mde_median"] is not None]
-            att = [c[stat]["attenuation_mean"] for c in g if c["scale"] > 0 and c[stat]["attenuation_mean"] is not None]
+            att = [c[stat]["attenuation_mean"] for c in planted if key(c) == (model, cm, n)
+                   and c[stat]["attenuation_mean"] is not None]
             rows.append(dict(model=model, statistic=stat, case_mix=cm, n_records=n,
                              mde=float(np.median(null)) if null else None, attenuation=float(np.mean(att)) if att else None,
                              n_audits=int(sum(c["n_fit"] for c in g))))
@@ -443,7 +454,9 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
         level.append(dict(model=model, n_records=n, n_pairs=float(np.median([c["n_pairs_median"] for c in g])),
                           k=int(sum(c["argmax"]["rate"]["k"] for c in g)), n=int(sum(c["argmax"]["rate"]["n"] for c in g)),
                           case_mix=sorted({c["case_mix"] for c in g}), datasets=sorted({c["dataset"] for c in g})))
-    path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION, rows=rows, level=level),
+    path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION,
+                                    design=f"conditional null, notes' propensity, sex-marked words ({design})",
+                                    rows=rows, level=level),
                                indent=1) + "\n")
 
 
@@ -456,7 +469,7 @@ def figure_power(cells: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     df = pd.DataFrame([dict(model=c["model"], n=c["n_records"], case_mix=c["case_mix"], scale=c["scale"], stat=s,
                             rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"], mde=c[s]["mde_median"])
-                       for c in cells if release_design(c)
+                       for c in cells if release_design(c, curve_design(cells))
                        for s in ("argmax", "expected") if c[s]["rate"]["n"]])
     if df.empty:
         return
