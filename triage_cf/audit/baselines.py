@@ -37,9 +37,9 @@ from .emulator import epoch_batches
 __all__ = ['TABLE2_COLUMNS', 'RF_GRID', 'MINILM_PACKAGE', 'FS_PAPER', 'FS_SMOKE', 'FS_DEFAULT', 'FS_PROFILES', 'FS_SPECIALS',
            'record_texts', 'torch_threads', 'evaluate_predictions', 'table2_performance', 'figure2_kappa_vs_size',
            'confusion_figure', 'count_parameters', 'proba_by_level', 'predict_levels', 'view_predictions',
-           'save_sklearn', 'load_sklearn', 'fit_rf_tfidf', 'minilm_path', 'SentenceEncoder', 'fit_mlp', 'fs_settings',
-           'train_bpe_tokenizer', 'fs_config', 'pretrain_mlm', 'fs_classifier_from_mlm', 'finetune_fs', 'FSModel',
-           'load_fs', 'train_fs', 'fs_predict_proba']
+           'save_sklearn', 'load_sklearn', 'stratified_rows', 'fit_rf_tfidf', 'minilm_path', 'SentenceEncoder',
+           'fit_mlp', 'fs_settings', 'train_bpe_tokenizer', 'fs_config', 'pretrain_mlm', 'fs_classifier_from_mlm',
+           'finetune_fs', 'FSModel', 'load_fs', 'train_fs', 'fs_predict_proba']
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #a8352784
 def record_texts(records: pd.DataFrame, view: str = "full", lang: str = "en", fields: Sequence[str] | None = None,
@@ -211,6 +211,14 @@ def load_sklearn(path: str | Path):
         raise FileNotFoundError(f"{path}: no saved model (stage 06_baselines writes it)")
     return joblib.load(path)
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #72ca8992
+def stratified_rows(labels: Sequence[int], n: int | None, seed: int = 42) -> np.ndarray:
+    "Sorted row positions of at most `n` rows, stratified by `labels` (every row when `n` is None or not smaller)."
+    idx = np.arange(len(labels))
+    if n is None or int(n) >= len(idx):
+        return idx
+    return np.sort(train_test_split(idx, train_size=int(n), random_state=seed, stratify=np.asarray(labels))[0])
+
 # %% ../../nbs/1_audit/03_baselines.ipynb #769fa567
 RF_GRID = {"tfidf__ngram_range": [(1, 1), (1, 2)], "rf__n_estimators": [200], "rf__max_features": ["sqrt", 0.05],
            "rf__min_samples_leaf": [1, 2]}
@@ -219,7 +227,7 @@ def _stratify_ok(y: np.ndarray, n_test: int) -> bool:
     counts = np.unique(y, return_counts=True)[1]
     return counts.min() >= 2 and len(counts) <= min(n_test, len(y) - n_test)
 
-def _cap(n: int, max_samples: int | None) -> dict:
+def _bootstrap_cap(n: int, max_samples: int | None) -> dict:
     "The forest's bootstrap cap for `n` training records (`fit_rf_tfidf`'s `max_samples`): none at or below it."
     return {"rf__max_samples": int(max_samples)} if max_samples is not None and n > int(max_samples) else {}
 
@@ -240,7 +248,7 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
     pipe = Pipeline([("tfidf", TfidfVectorizer(sublinear_tf=True, min_df=1)),
                      ("rf", RandomForestClassifier(random_state=seed, n_jobs=n_jobs))])
     if fixed_params is not None:
-        best = pipe.set_params(**dict(fixed_params), **_cap(len(texts), max_samples)).fit(texts, y)
+        best = pipe.set_params(**dict(fixed_params), **_bootstrap_cap(len(texts), max_samples)).fit(texts, y)
         return best, dict(best_params=dict(fixed_params), best_cv_kappa_w=float("nan"), n_search=0, n_train=int(len(texts)),
                           cv=0, search_frac=0.0, cv_results=pd.DataFrame(columns=["params", "mean_kappa_w", "std_kappa_w", "rank"]))
     idx = np.arange(len(texts))
@@ -253,7 +261,7 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
     search = GridSearchCV(pipe, dict(param_grid or RF_GRID), cv=StratifiedKFold(cv, shuffle=True, random_state=seed),
                           scoring=scorer, n_jobs=1, refit=False)
     search.fit([texts[i] for i in idx], y[idx])
-    best = pipe.set_params(**search.best_params_, **_cap(len(texts), max_samples)).fit(texts, y)
+    best = pipe.set_params(**search.best_params_, **_bootstrap_cap(len(texts), max_samples)).fit(texts, y)
     res = pd.DataFrame(search.cv_results_)
     report = dict(best_params=search.best_params_, best_cv_kappa_w=float(search.best_score_), n_search=int(len(idx)),
                   n_train=int(len(texts)), cv=cv, search_frac=search_frac,
