@@ -41,7 +41,7 @@ __all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'COVERAGE_METRICS', 'GRID_COLUMNS', 'RECOV
            'add_checks', 'recovery_class', 'classify_recovery', 'coverage_table', 'recovery_summary',
            'recovery_classes', 'emulator_model', 'RecoverySettings', 'synth_knobs', 'condition_cohort', 'oracle_knobs',
            'planted_truth', 'knob_standard_errors', 'result_path', 'condition_data', 'run_condition', 'run_grid',
-           'load_results', 'recovery_table', 'condition_label', 'figure_recovery']
+           'load_results', 'recovery_table', 'condition_label', 'figure_recovery', 'recovery_class_grid']
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #fb001768
 #: Which knobs a knob set plants (the others are 0).
@@ -582,3 +582,21 @@ def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRI
         fig.suptitle(title, y=1.03)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     return fig
+
+# %% ../../nbs/1_audit/10_recovery.ipynb #4b32f692
+def _class_cell(g: pd.DataFrame) -> str:
+    "`recovered/missed/wrong/not powered` of the planted checks, then `k fp of n` of the checks with nothing planted."
+    s = g[list(RECOVERY_CLASSES)].sum()
+    planted = "/".join(str(int(s[c])) for c in RECOVERY_CLASSES[:4]) if s[list(RECOVERY_CLASSES[:4])].sum() else ""
+    unplanted = f"{int(s.false_positive)} fp of {int(s.quiet + s.false_positive)}" if s.quiet + s.false_positive else ""
+    return "; ".join(p for p in (planted, unplanted) if p)
+
+def recovery_class_grid(classes: pd.DataFrame) -> pd.DataFrame:
+    """`recovery_classes` as one row per knob and scale (then `all`) and one column per dataset and model: each cell
+    `recovered/missed/wrong/not powered` of its planted checks, then the false positives among its unplanted checks."""
+    c = pd.concat([classes.assign(scale=classes["scale"].map("{:g}".format)), classes.assign(knob="all", scale="")])
+    cells = {(k, x): {(d, m): _class_cell(g2) for (d, m), g2 in g.groupby(["dataset", "model"], sort=False)}
+             for (k, x), g in c.groupby(["knob", "scale"], sort=False)}
+    out = pd.DataFrame.from_dict(cells, orient="index")
+    out.index.names, out.columns.names = ["knob", "scale"], ["dataset", "model"]
+    return out
