@@ -361,12 +361,15 @@ def _cell(rs: list[dict], alpha: float) -> dict:
         sig = [c["p"] < alpha for c in cs]
         same_sign = [c["p"] < alpha and np.sign(c["effect"]) == np.sign(c["oracle_estimate"]) for c in cs]
         att = [c["estimate"] / c["oracle_estimate"] for c in cs if planted and c["oracle_estimate"] != 0]
+        # power without counting: the mean t = effect / null sd, in the oracle's direction where something is planted
+        # (the statistic with the larger mean t at the same level has more power; a handful of audits measure it)
+        t = [c["effect"] / c["null_sd"] * (np.sign(c["oracle_estimate"]) if planted else 1) for c in cs if c["null_sd"] > 0]
         out[name] = dict(metric=cs[0]["metric"] if cs else None, rate=_rate(sum(sig), len(cs)),
                          power_oracle_sign=_rate(sum(same_sign), len(cs)) if planted else None,
                          mde_median=float(np.median([c["mde"] for c in cs])) if cs else None,
                          estimate_mean=float(np.mean([c["estimate"] for c in cs])) if cs else None,
                          oracle_mean=float(np.mean([c["oracle_estimate"] for c in cs])) if cs else None,
-                         attenuation_mean=float(np.mean(att)) if att else None)
+                         attenuation_mean=float(np.mean(att)) if att else None, t_mean=float(np.mean(t)) if t else None)
     return out
 
 
