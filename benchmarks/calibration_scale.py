@@ -30,6 +30,7 @@ so a killed run resumes where it was. `summarise` pools the audits into benchmar
     nice -n 10 .venv/bin/python benchmarks/calibration_scale.py run --datasets synth-fr synth-en --sizes 3000 12000 \
         --case-mix 0 1 2 --scales 0 --seeds 6 --K 9
     .venv/bin/python benchmarks/calibration_scale.py summarise
+    .venv/bin/python benchmarks/calibration_scale.py missing     # what issue 37's grid still wants, in CPU-hours
 """
 from __future__ import annotations
 
@@ -502,6 +503,45 @@ def figure_power(cells: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+#: issue 37's grid: sizes, case mixes, planted scales and languages (the MLP arm up to `mlp_max_size`); the audits wanted
+#: per cell and language (`per_cell`) and, with nothing planted, per case mix pooled over the sizes and languages
+#: (`pooled`: 0 false findings in 36 puts the Clopper-Pearson upper bound under 10%)
+GRID = dict(sizes=(3000, 12000, 48000, 100000), case_mix=(0.0, 1.0, 2.0), scales=(0.0, 1.0, 2.0, 5.0),
+            datasets=("synth-en", "synth-fr"), mlp_max_size=24000, per_cell=1, pooled=36)
+
+
+def _cpu_min(cells: list[dict], model: str, n: int) -> float | None:
+    """Minutes one audit of `model` at `n` records takes (an estimate): a power law in size through the median, per
+    measured size, of the cells' median wall times (no RF cap; times on this shared machine, other runs beside)."""
+    by = pd.DataFrame([(c["n_records"], c["wall_s_median"]) for c in cells if c["model"] == model], columns=["n", "s"])
+    if by.empty:
+        return None
+    pts = by.groupby("n")["s"].median()
+    x, y = np.log(pts.index.to_numpy(float)), np.log(pts.to_numpy())
+    b = np.polyfit(x, y, 1) if len(set(x)) > 1 else (1.0, y.mean() - x.mean())
+    return float(np.exp(np.polyval(b, np.log(n))) / 60)
+
+
+def missing(cells: list[dict]) -> pd.DataFrame:
+    "The release design's audits the grid still wants per model, size, case mix and scale, with the CPU-hours they need."
+    rel = [c for c in cells if release_design(c)]
+    have = lambda m, n, cm, x: sum(c["n_fit"] for c in rel if (c["model"], c["n_records"], c["case_mix"], c["scale"]) == (m, n, cm, x))
+    rows = []
+    for m in ("RF", "MLP"):
+        for n, cm, x in itertools.product(GRID["sizes"], GRID["case_mix"], GRID["scales"]):
+            if m == "MLP" and n > GRID["mlp_max_size"]:
+                continue
+            want = GRID["per_cell"] * len(GRID["datasets"])
+            rows.append(dict(model=m, n_records=n, case_mix=cm, scale=x, have=have(m, n, cm, x), want=want))
+    out = pd.DataFrame(rows)
+    for (m, cm), g in out[out.scale == 0].groupby(["model", "case_mix"]):   # the pooled bound: top up the smallest size
+        extra = max(0, GRID["pooled"] - max(g.have.sum(), g.want.sum()))
+        out.loc[g.index[0], "want"] += extra
+    out["to_run"] = (out.want - out.have).clip(lower=0)
+    out["cpu_h"] = [r.to_run * (_cpu_min(cells, r.model, r.n_records) or np.nan) / 60 for r in out.itertuples()]
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -534,9 +574,15 @@ def main(argv=None) -> None:
     r.add_argument("--n-boot", type=int, default=200)
     s = sub.add_parser("summarise")
     s.add_argument("--alpha", type=float, default=0.05)
+    sub.add_parser("missing", help="the audits issue 37's grid still wants (release design) and their CPU-hours")
     args = ap.parse_args(argv)
     if args.cmd == "run":
         cmd_run(args)
+    elif args.cmd == "missing":
+        m = missing(json.loads(RESULT.read_text())["cells"] if RESULT.exists() else [])
+        print(m[m.to_run > 0].to_string(index=False))
+        print(f"to run: {int(m.to_run.sum())} audits, about {m.cpu_h.sum():.0f} CPU-hours "
+              f"({int(m.cpu_h.isna().sum())} rows with no measured time: not counted)")
     else:
         out = summarise(CACHE, RESULT, FIGURE, args.alpha)
         print(f"{out['n_audits']} audits -> {RESULT.relative_to(REPO)}")
