@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from statsmodels.stats.proportion import proportion_confint
 
 from .. import chain
-from .baselines import fs_settings
+from .baselines import fs_settings, torch_threads
 from ..chain import stages_for
 from ..core import RunPaths, load_params, resource_path, run_dir_for, sha256_text
 from ..llm import SMOLLM2_NAME, cache_dir, smollm2_gguf_path
@@ -25,10 +25,11 @@ from .null_control import null_counts
 
 # %% auto #0
 __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS', 'GPU_UTILISATION', 'VIEWS_PER_RECORD',
-           'CALIBRATION_CURVE', 'model_config', 'llama_parameter_counts', 'memory_gb', 'dataset_sizes', 'prompt_tokens',
-           'workload', 'fs_flops_per_token', 'stage_seconds', 'stage_basis', 'cached_stages', 'effective_params',
-           'PlanRefused', 'plan', 'format_hardware', 'format_plan', 'calibration_curve', 'calibration_level',
-           'detectable_size', 'measured_level']
+           'DEV_FP32_GFLOPS', 'CALIBRATION_CURVE', 'model_config', 'llama_parameter_counts', 'memory_gb',
+           'dataset_sizes', 'prompt_tokens', 'workload', 'fs_flops_per_token', 'stage_seconds', 'stage_basis',
+           'cached_stages', 'effective_params', 'PlanRefused', 'cpu_fp32_gflops', 'cpu_speed_ratio', 'plan',
+           'format_hardware', 'format_plan', 'calibration_curve', 'calibration_level', 'detectable_size',
+           'measured_level']
 
 # %% ../../nbs/1_audit/11_plan.ipynb #a96f0963
 #: Reference model of the CPU measurements (SmolLM2-135M-Instruct), parameter count.
@@ -414,6 +415,29 @@ def _fit(p: dict) -> tuple[list[str], list[str]]:
         notes.append(f"inference needs {mem['inference']:.1f} GB, more than one GPU's {per:g} GB: tensor parallelism over the {n} GPUs")
     return refuse, notes
 
+# %% ../../nbs/1_audit/11_plan.ipynb #a1c9e3d1
+#: the development machine's fp32 matrix-multiply rate (GFLOP/s, 2 threads, `cpu_fp32_gflops`), where CPU_MEASURED's
+#: throughputs were taken (the inference benchmark's reference ran near it: Performance, below)
+DEV_FP32_GFLOPS = 145.0
+
+@lru_cache(maxsize=None)
+def cpu_fp32_gflops(threads: int = 2, n: int = 2048, min_seconds: float = 0.5) -> float:
+    "This CPU's fp32 matrix-multiply rate in GFLOP/s on `threads` threads (n x n products for at least `min_seconds`)."
+    import time
+    import torch
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    with torch_threads(threads):
+        a @ b                                  # warm-up: thread pool and caches
+        reps, t0 = 0, time.perf_counter()
+        while reps < 2 or time.perf_counter() - t0 < min_seconds:
+            a @ b
+            reps += 1
+        return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e9
+
+def cpu_speed_ratio(gflops: float | None = None) -> float:
+    "How many times longer a CPU stage takes here than on the development machine: DEV_FP32_GFLOPS / this CPU's rate."
+    return DEV_FP32_GFLOPS / (gflops if gflops is not None else cpu_fp32_gflops())
+
 # %% ../../nbs/1_audit/11_plan.ipynb #58900363
 def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float | None = None, run_dir: str | Path | None = None,
          gpu: str = "A100", model: str | None = None, qlora: bool | None = None, strict: bool = True,
@@ -433,7 +457,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
         hw = {"device": "cuda", "gpus": int(gpus), "gpu": gpu, "gpu_mem_gb": float(gpu_mem_gb or GPU_SPECS[gpu][1]),
               "bf16_tflops": GPU_SPECS[gpu][0]}
     else:
-        hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1)}
+        hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1), "fp32_gflops": round(cpu_fp32_gflops(), 1)}
     stages = stages_for({**load_params(dataset, profile), **(overrides or {})})   # the profile's switches, not the notebooks' defaults
     sizes = dataset_sizes(dataset, params, run_dir)
     wl = workload(dataset, params, sizes)
@@ -454,6 +478,7 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
          "model_config": cfg_src, "parameters": counts, "training": "full fine-tune" if not lora else ("QLoRA" if qlora else "LoRA"),
          "qlora": qlora, "sizes": sizes, "workload": wl, "memory_gb": mem, "qlora_train_gb": mem_q, "stages": rows,
          "seconds": sum(r["seconds"] or 0.0 for r in rows), "unestimated": unestimated, "data_missing": missing,
+         "speed_ratio": cpu_speed_ratio(hw["fp32_gflops"]) if not gpus else None,
          "basis": {"cpu": "measured throughputs of the development machine (triage_cf.audit.plan.CPU_MEASURED)",
                    "gpu": f"FLOPs 6N/token training, 2N/token scoring at {GPU_UTILISATION} of the bf16 peak"}}
     p["refused"], p["notes"] = _fit(p)
@@ -497,6 +522,9 @@ def format_plan(p: dict) -> str:
         out.append(f"  {r['stage']:<20} {r['status']:<7} {_dur(r['seconds']):>14}   " + (r["why"] if r["status"] == "cached" else f"{r['basis']}; {r['why']}"))
     out.append(f"estimated time: {_dur(p['seconds'])}" + (f" (not counted: {', '.join(p['unestimated'])})" if p["unestimated"] else "")
                + f"; basis: {p['basis']['cpu' if p['hardware']['device'] == 'cpu' else 'gpu']}")
+    if p.get("speed_ratio"):
+        out.append(f"on this CPU now: about {_dur(p['seconds'] * p['speed_ratio'])} (its fp32 rate at planning time {p['hardware']['fp32_gflops']:g} "
+                   f"GFLOP/s against the development machine's {DEV_FP32_GFLOPS:g}: x{p['speed_ratio']:.2f})")
     if p["data_missing"]:
         out.append(f"data: {len(p['data_missing'])} file(s) not under the data root with their sha256: "
                    + ("run `triage-cf fetch --dataset " + p["dataset"] + "`" if p["access"] == "open" else "see `triage-cf fetch` for access"))
