@@ -218,13 +218,14 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
     mlp_pairs = min(int(params.get("mlp_max_pairs") or all_pairs), all_pairs)
     bl = params.get("baseline_train_n")
     n_bl = n_ft if bl == "ft" else min(int(bl or sizes["train"]), sizes["train"])
+    n_fs = min(int(params.get("fs_train_n") or n_bl), n_bl)   # FS: a stratified subsample of the baselines' records
     twins = null_counts(params.get("null_models"), params.get("null_seeds") or 1) if params.get("null_control") else {}
     fs = fs_settings(params.get("fs_profile") or "smoke")   # 06_baselines' default
     lang = "fr" if load_manifest(dataset)["language"] == "fr" else "en"
     fs_tokens = min(tok["full"] * CPU_MEASURED["fs_tokens_per_prompt_token"][lang], fs["max_length"])
     fs_vocab = min(CPU_MEASURED["fs_vocab"].get(dataset, fs["vocab_size"]), fs["vocab_size"])
     return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "eval_views": len(eval_views),
-            "pairs": pairs, "all_pairs": all_pairs, "mlp_pairs": mlp_pairs, "baseline_train": n_bl,
+            "pairs": pairs, "all_pairs": all_pairs, "mlp_pairs": mlp_pairs, "baseline_train": n_bl, "fs_train": n_fs,
             "null_twins": {m: k for m, k in twins.items() if k}, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
             "val_tokens": n_val * epochs * tok["full"], "eval_tokens": n_eval * sum(tok[v] for v in eval_views),
             "pair_prompts": pairs * 2 * VIEWS_PER_RECORD, "pair_tokens": pairs * 2 * per_record,
@@ -305,7 +306,8 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         fit = (n * (rate["RF"] + twins.get("RF", 0) * rate["RF_null"] + rate["MLP_fit"] + min(k_mlp, 1) * rate["MLP_null"] * slow)
                + max(k_mlp - 1, 0) * CPU_MEASURED["MLP_refit_s"])
         mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in the FT's views
-        return light + fit + mlp + fs_time(rate["FS"] * n, _fs_seconds(wl, n, test_texts, gpu))
+        fs_n = wl.get("fs_train", n)   # FS trains on its own subsample (fs_train_n)
+        return light + fit + mlp + fs_time(rate["FS"] * fs_n, _fs_seconds(wl, fs_n, test_texts, gpu))
     if stage == "08_predict":
         texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
         cheap = (fs_time(texts * per["FS"], _fs_seconds(wl, 0, texts, gpu)) + texts * (1 + twins.get("RF", 0)) * per["RF"]
