@@ -59,6 +59,10 @@ CPU_MEASURED = {
     "one_thread_factor": 1.73,              # MiniLM / FS on 1 torch thread vs 2 (600 texts: 31.6 s vs 18.3 s)
     "data_s_per_record": 2.2e-4,            # 01_data on synthetic records (20,000 generated here), CPU-s per record
     "cohort_s_per_record": 3.4e-5,          # 02_cohort rules, CPU-s per record (same measurement)
+    # 04_null_control (the notes' propensity, cross-fitted, and K permutations: all grow with the records) of make
+    # reproduce at edc66d4 (benchmarks/results/reproduce_time.json: 29.6 s synth-en, 32.4 s synth-fr on 3,000 records on a
+    # CPU at 1/2.217 of this machine's fp32 rate), scaled here, less the light-stage seconds, per record
+    "null_control_s_per_record": {"en": (29.6 / 2.217 - 10.5) / 3000, "fr": (32.4 / 2.217 - 10.5) / 3000},
     # FS (RoBERTa from scratch) at the paper's size, fp32 on 2 threads: achieved FLOP/s of MLM pre-training, classifier
     # fine-tuning and scoring, FS text tokens per FT prompt token (full view), benchmarks/results/fs_throughput.json
     "fs_flops_per_s": {"mlm": 1.03e+11, "train": 1.08e+11, "score": 1.02e+11},
@@ -281,7 +285,9 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         return light + sizes["records"] * CPU_MEASURED["data_s_per_record"]
     if stage == "02_cohort":
         return light + sizes["records"] * CPU_MEASURED["cohort_s_per_record"]
-    if stage in ("03_split", "04_null_control", "07_counterfactuals", "15_report"):
+    if stage == "04_null_control":
+        return light + sizes["records"] * CPU_MEASURED["null_control_s_per_record"][lang]
+    if stage in ("03_split", "07_counterfactuals", "15_report"):
         return light
     if stage == "09_metrics":
         return light + (CPU_MEASURED["metrics_stage_s"] - light) * int(params.get("n_boot", 1000)) / 1000
@@ -334,8 +340,9 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
         return ("FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio + its measured fit; RF: measured CPU-s per training record" if gpu
                 else "FS: measured CPU-s per training record or FLOPs at the measured rate; RF, MLP: measured CPU-s per training record and per text embedded")
     return {"10_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
-            "02_cohort": "light stage + s/record measured", "09_metrics": "measured 09_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time" if stage in (
-            "03_split", "04_null_control", "07_counterfactuals", "09_metrics", "15_report") else "no measurement")
+            "02_cohort": "light stage + s/record measured",
+            "04_null_control": "light stage + s/record measured (a slower CPU's, scaled)", "09_metrics": "measured 09_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time" if stage in (
+            "03_split", "07_counterfactuals", "09_metrics", "15_report") else "no measurement")
 
 
 # %% ../../nbs/1_audit/11_plan.ipynb #635e5799
