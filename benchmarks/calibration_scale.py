@@ -341,6 +341,13 @@ def _rate(k: int, n: int) -> dict:
     return dict(k=int(k), n=int(n), rate=k / n if n else None, ci=[float(lo), float(hi)] if n else None)
 
 
+def _mean_t(fit: list[dict], metric: str) -> dict:
+    "Per view, the mean over `fit` audits of `metric`'s t = (estimate - null mean) / null sd (None without audits)."
+    return {v: float(np.mean([c["effect"] / c["null_sd"] for r in fit for c in r["checks"]
+                              if c["metric"] == metric and c["condition"] == v and c["null_sd"] > 0]))
+            if fit else None for v in ("full", "text_iso", "tab_iso")}
+
+
 def _cell(rs: list[dict], alpha: float) -> dict:
     "The measured figures of one cell's audits (only fit audits count for rates; unfit ones are counted)."
     fit = [r for r in rs if r["fit_for_audit"]]
@@ -352,10 +359,8 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     out["raw_check_rate"] = _rate(sum(c["p"] < alpha for c in raw), len(raw))
     out["finding_rate_any_check"] = _rate(sum(any(c["finding"] for c in r["checks"]) for r in fit), len(fit))
     # the systematic offset of the real RF from its nulls: mean t = (estimate - null mean) / null sd of the female skew
-    # per view (0 in expectation when the real and null emulators are exchangeable; its SE is about 1/sqrt(audits))
-    out["female_skew_mean_t"] = {v: float(np.mean([c["effect"] / c["null_sd"] for r in fit for c in r["checks"]
-                                                   if c["metric"] == "female_skew" and c["condition"] == v and c["null_sd"] > 0]))
-                                 if fit else None for v in ("full", "text_iso", "tab_iso")}
+    # and of PDR per view (0 in expectation when the real and null emulators are exchangeable; SE about 1/sqrt(audits))
+    out["female_skew_mean_t"], out["pdr_mean_t"] = _mean_t(fit, "female_skew"), _mean_t(fit, "PDR")
     for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
                        ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
         cs = [pick(r) for r in fit]
