@@ -9,7 +9,8 @@ benchmarks/results/reproduce_time.json.
 HEAD into a temporary folder, links this checkout's installed `.venv` (the install is not timed) and puts the clone
 first on PYTHONPATH, so the chain runs the clone's code, writes its run folders inside the clone and times
 `make reproduce` from the start of the first stage to the last report. The CPU's fp32 rate is probed before the run
-(`triage_cf.audit.plan.cpu_fp32_gflops`). `record` files a run made by hand: `--runs` is the clone's `runs/` folder.
+(`triage_cf.audit.plan.cpu_fp32_gflops`). `record` files a run made by hand: `--runs` is the clone's `runs/` folder, and it must be run from a checkout
+at the measured commit (the plan it records is this checkout's: its profile and its rates).
 
 Each record: the commit, the date, the probe, the elapsed wall time, each stage's wall seconds (run.json), and the plan
 of the same profile at the development machine's rates and scaled by `cpu_speed_ratio` (the ratio of measured to scaled
@@ -34,7 +35,7 @@ DATASETS = ("synth-en", "synth-fr")
 BUDGET_S = 20 * 60
 
 
-def stage_seconds(runs: Path) -> dict:
+def measured_stage_seconds(runs: Path) -> dict:
     "{dataset: {stage: wall seconds}} from each default run folder's run.json under `runs`."
     out = {}
     for d in DATASETS:
@@ -49,7 +50,7 @@ def stage_seconds(runs: Path) -> dict:
 def measurement(runs: Path, elapsed_s: float, commit: str, gflops: float, load_avg: tuple | None = None) -> dict:
     "One record: measured stage times, the plan at the development machine's rates and scaled to this CPU."
     from triage_cf.audit.plan import DEV_FP32_GFLOPS, cpu_speed_ratio, plan
-    measured = stage_seconds(runs)
+    measured = measured_stage_seconds(runs)
     ratio = cpu_speed_ratio(gflops)
     per = {}
     for d in DATASETS:

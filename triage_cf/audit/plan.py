@@ -59,10 +59,6 @@ CPU_MEASURED = {
     "one_thread_factor": 1.73,              # MiniLM / FS on 1 torch thread vs 2 (600 texts: 31.6 s vs 18.3 s)
     "data_s_per_record": 2.2e-4,            # 01_data on synthetic records (20,000 generated here), CPU-s per record
     "cohort_s_per_record": 3.4e-5,          # 02_cohort rules, CPU-s per record (same measurement)
-    # 04_null_control (the notes' propensity, cross-fitted, and K permutations: all grow with the records) of make
-    # reproduce at edc66d4 (benchmarks/results/reproduce_time.json: 29.6 s synth-en, 32.4 s synth-fr on 3,000 records on a
-    # CPU at 1/2.217 of this machine's fp32 rate), scaled here, less the light-stage seconds, per record
-    "null_control_s_per_record": {"en": (29.6 / 2.217 - 10.5) / 3000, "fr": (32.4 / 2.217 - 10.5) / 3000},
     # FS (RoBERTa from scratch) at the paper's size, fp32 on 2 threads: achieved FLOP/s of MLM pre-training, classifier
     # fine-tuning and scoring, FS text tokens per FT prompt token (full view), benchmarks/results/fs_throughput.json
     "fs_flops_per_s": {"mlm": 1.03e+11, "train": 1.08e+11, "score": 1.02e+11},
@@ -85,6 +81,12 @@ GPU_SPECS = {"A100": (312.0, 80.0), "H100": (989.0, 80.0), "H200": (989.0, 141.0
              "L4": (121.0, 24.0), "A10": (125.0, 24.0)}
 GPU_UTILISATION = {"train": 0.30, "score": 0.40}
 VIEWS_PER_RECORD = 3   # full, text-isolated, tabular-isolated (section 2.2)
+
+# %% ../../nbs/1_audit/11_plan.ipynb #a96f0964
+# 04_null_control (the notes' propensity, cross-fitted, and K permutations: all grow with the records) of make reproduce
+# at edc66d4 (benchmarks/results/reproduce_time.json: 29.6 s synth-en, 32.4 s synth-fr on 3,000 records on a CPU at
+# 1/2.217 of the development machine's fp32 rate), scaled to it, less the light-stage seconds, per record
+CPU_MEASURED["null_control_s_per_record"] = {"en": (29.6 / 2.217 - 10.5) / 3000, "fr": (32.4 / 2.217 - 10.5) / 3000}
 
 # %% ../../nbs/1_audit/11_plan.ipynb #43ba3d1c
 _KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
