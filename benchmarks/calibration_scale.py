@@ -343,9 +343,20 @@ def _rate(k: int, n: int) -> dict:
 
 def _mean_t(fit: list[dict], metric: str) -> dict:
     "Per view, the mean over `fit` audits of `metric`'s t = (estimate - null mean) / null sd (None without audits)."
-    return {v: float(np.mean([c["effect"] / c["null_sd"] for r in fit for c in r["checks"]
-                              if c["metric"] == metric and c["condition"] == v and c["null_sd"] > 0]))
-            if fit else None for v in ("full", "text_iso", "tab_iso")}
+    return {v: _t_of(fit, metric, v)["mean"] for v in ("full", "text_iso", "tab_iso")}
+
+
+def _t_of(fit: list[dict], metric: str, view: str) -> dict:
+    """`metric`'s t in `view` over `fit` audits: mean, and its standard error from the means of the clusters of audits
+    that share the generator's draws (same dataset and seed: a seed's cohorts at other case mixes or sizes reuse its
+    random streams, correlation about 0.6 measured), with the number of clusters (None without audits)."""
+    ts = [(r["dataset"], r["seed"], c["effect"] / c["null_sd"]) for r in fit for c in r["checks"]
+          if c["metric"] == metric and c["condition"] == view and c["null_sd"] > 0]
+    if not ts:
+        return dict(mean=None, se=None, n_clusters=0)
+    by = pd.DataFrame(ts, columns=["dataset", "seed", "t"]).groupby(["dataset", "seed"])["t"].mean()
+    se = float(by.std(ddof=1) / np.sqrt(len(by))) if len(by) > 1 else None
+    return dict(mean=float(np.mean([t for *_, t in ts])), se=se, n_clusters=int(len(by)))
 
 
 def _cell(rs: list[dict], alpha: float) -> dict:
@@ -361,6 +372,7 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     # the systematic offset of the real RF from its nulls: mean t = (estimate - null mean) / null sd of the female skew
     # and of PDR per view (0 in expectation when the real and null emulators are exchangeable; SE about 1/sqrt(audits))
     out["female_skew_mean_t"], out["pdr_mean_t"] = _mean_t(fit, "female_skew"), _mean_t(fit, "PDR")
+    out["female_skew_t"] = {v: _t_of(fit, "female_skew", v) for v in ("full", "text_iso", "tab_iso")}
     for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
                        ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
         cs = [pick(r) for r in fit]
@@ -415,7 +427,10 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
                covers=sorted({f"{r['model']} {r['dataset']} n={r['n_records']}" for r in rs}),
                note=("Partial: the cells listed are the ones measured; sizes, case mixes and arms not listed are not "
                      "measured here, and the FT emulator is GPU-only (not on this curve)."),
-               cells=cells, pooled_nothing_planted=pooled)
+               cells=cells, pooled_nothing_planted=pooled,
+               level_audits_needed=dict(n=GRID["pooled"], why="nothing-planted audits per case mix at which a test whose "
+                                        "level is exactly 5% verifies it: ceil(0.05 n) false findings with a Clopper-"
+                                        "Pearson upper bound under 10% (pooled_audits_needed)"))
     result.write_text(json.dumps(out, indent=1))
     write_curve(cells)
     if cells:
@@ -508,11 +523,22 @@ def figure_power(cells: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def pooled_audits_needed(level: float = 0.05, bound: float = 0.10, step: int = 10) -> int:
+    """The fewest audits (in `step`s) at which a test of exactly `level` verifies it: ceil(`level` x audits) false
+    findings have a Clopper-Pearson upper bound under `bound` (fewer audits verify only a level well below `level`)."""
+    from statsmodels.stats.proportion import proportion_confint
+    n = step
+    while proportion_confint(int(np.ceil(level * n)), n, method="beta")[1] >= bound:
+        n += step
+    return n
+
+
 #: issue 37's grid: sizes, case mixes, planted scales and languages (the MLP arm up to `mlp_max_size`); the audits wanted
 #: per cell and language (`per_cell`) and, with nothing planted, per case mix pooled over the sizes and languages
-#: (`pooled`: 0 false findings in 36 puts the Clopper-Pearson upper bound under 10%)
+#: (`pooled`: a test whose level is exactly 5% shows 8 false findings in 160 audits on average, and 8/160 is the
+#: first such count whose Clopper-Pearson upper bound is under 10%: `pooled_audits_needed`; 36 would need 0 of 36)
 GRID = dict(sizes=(3000, 12000, 48000, 100000), case_mix=(0.0, 1.0, 2.0), scales=(0.0, 1.0, 2.0, 5.0),
-            datasets=("synth-en", "synth-fr"), mlp_max_size=24000, per_cell=1, pooled=36)
+            datasets=("synth-en", "synth-fr"), mlp_max_size=24000, per_cell=1, pooled=pooled_audits_needed())
 
 
 def _cpu_min(cells: list[dict], model: str, n: int) -> float | None:
