@@ -234,7 +234,25 @@ def evaluate_arm(name: str, preds: dict, real_test: pd.DataFrame, d: dict, a: di
                    significant=None if pd.isna(r.significant) else bool(r.significant),
                    finding=None if pd.isna(r.finding) else bool(r.finding), mde=float(r.mde),
                    oracle_estimate=float(orc_m[r.condition][r.metric])) for r in pt.itertuples()]
-    return dict(kappa_w=float(f.kappa_w), fit_for_audit=fit, checks=checks, soft_checks=soft_checks(real, nulls, oracle, fit))
+    return dict(kappa_w=float(f.kappa_w), fit_for_audit=fit, checks=checks, soft_checks=soft_checks(real, nulls, oracle, fit),
+                emulator_values=emulator_values(real, nulls))
+
+
+#: the metrics whose value per emulator an audit keeps (`emulator_values`): the primary's and two secondaries'
+KEPT_METRICS = ("female_skew", "PDR", "NMDF")
+
+
+def emulator_values(real: pd.DataFrame, nulls: pd.DataFrame) -> dict:
+    """{view: {metric: {"real": value, "nulls": [K values]}}} of `KEPT_METRICS`: what the calibration of the test itself
+    needs (each null against the others: `loo_t`)."""
+    from triage_cf.audit.metrics import point_metrics
+    pm = lambda g: point_metrics(g.orig_sex, g.pred_orig, g.pred_cf)
+    out = {}
+    for cond in ("full", "text_iso", "tab_iso"):
+        r = pm(real[real.condition == cond])
+        nv = [pm(g) for _, g in nulls[nulls.condition == cond].groupby("null_id", sort=True)]
+        out[cond] = {m: {"real": float(r[m]), "nulls": [float(v[m]) for v in nv]} for m in KEPT_METRICS}
+    return out
 
 
 def run_audit(a: dict, fitness_n: int, n_boot: int) -> dict:
@@ -318,6 +336,30 @@ def tasks(args) -> list[dict]:
     return sorted(out, key=lambda a: (a["n_records"], a["seed"], a["scale"] > 0, a["case_mix"], a["dataset"], a["scale"]))
 
 
+def backfill_values(path: Path) -> bool:
+    """Add the RF's `emulator_values` to a finished audit that predates them, from its cached pair predictions (the
+    cohort rebuilt as the audit built it); False where they are there already or the predictions are gone."""
+    r = json.loads(path.read_text())
+    work = CACHE / "models" / audit_key({**r, "models": ["RF"]})
+    if "emulator_values" in r or not (work / "pairs_real.parquet").exists():
+        return False
+    d = cohort(r, 1000)
+    if r.get("normalise"):
+        normalise_pairs(d)
+    pred = lambda k: with_expected(pd.read_parquet(work / f"pairs_{k}.parquet"), d, "RF", d["levels"])
+    nulls = pd.concat([pred(k).assign(null_id=f"RF_null{k}") for k in range(r["K"])], ignore_index=True)
+    r["emulator_values"] = emulator_values(pred("real"), nulls)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(r, indent=1))
+    tmp.replace(path)
+    return True
+
+
+def cmd_backfill(args) -> None:
+    for path in sorted(CACHE.glob(args.pattern)):
+        print(path.stem, "added" if backfill_values(path) else "skipped", flush=True)
+
+
 def cmd_run(args) -> None:
     CACHE.mkdir(parents=True, exist_ok=True)
     todo = tasks(args)
@@ -359,6 +401,37 @@ def _t_of(fit: list[dict], metric: str, view: str) -> dict:
     return dict(mean=float(np.mean([t for *_, t in ts])), se=se, n_clusters=int(len(by)))
 
 
+def loo_t(values: list[float]) -> list[float]:
+    """Each null emulator's predictive t against the other K - 1 (`null_test`'s t): Student's t with K - 2 df when the
+    nulls are exchangeable and their metric is normal, whatever the real emulator does."""
+    v = np.asarray(values, float)
+    out = []
+    for k in range(len(v)):
+        o = np.delete(v, k)
+        if o.std(ddof=1) > 0:
+            out.append(float((v[k] - o.mean()) / (o.std(ddof=1) * np.sqrt(1 + 1 / len(o)))))
+    return out
+
+
+def t_calibration(fit: list[dict], view: str, metric: str = "female_skew", alpha: float = 0.05) -> dict:
+    """The test's own calibration in `view`: the mean, root mean square (about 0: offset and spread together) and
+    two-sided rejection rate of the real emulator's predictive t (Student's t with K - 1 df if it is exchangeable with its
+    nulls) beside the nulls' leave-one-out t (`loo_t`, K - 2 df), with the SDs Student's t would give. A real t that spreads wider than its nulls' means the real emulator is
+    not exchangeable with them; nulls that spread wider too mean the t reference itself does not hold."""
+    from scipy import stats
+    ev = [r["emulator_values"][view][metric] for r in fit if "emulator_values" in r]
+    real = [c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"]) for r in fit for c in r["checks"]
+            if c["condition"] == view and c["metric"] == metric and c["null_sd"] > 0]
+    loo = [t for e in ev for t in loo_t(e["nulls"])]
+    K = fit[0]["K"] if fit else 0
+    sd_t = lambda df: float(np.sqrt(df / (df - 2))) if df > 2 else None
+    rate = lambda ts, df: float(np.mean(np.abs(ts) > stats.t.ppf(1 - alpha / 2, df))) if len(ts) else None
+    rms = lambda ts: float(np.sqrt(np.mean(np.square(ts)))) if len(ts) else None
+    return dict(real_t_mean=float(np.mean(real)) if real else None, real_t_rms=rms(real), real_t_rate=rate(real, K - 1),
+                n_real=len(real), student_sd_real=sd_t(K - 1), loo_t_rms=rms(loo), loo_t_rate=rate(loo, K - 2),
+                n_loo=len(loo), n_audits_loo=len(ev), student_sd_loo=sd_t(K - 2))
+
+
 def _cell(rs: list[dict], alpha: float) -> dict:
     "The measured figures of one cell's audits (only fit audits count for rates; unfit ones are counted)."
     fit = [r for r in rs if r["fit_for_audit"]]
@@ -373,6 +446,7 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     # and of PDR per view (0 in expectation when the real and null emulators are exchangeable; SE about 1/sqrt(audits))
     out["female_skew_mean_t"], out["pdr_mean_t"] = _mean_t(fit, "female_skew"), _mean_t(fit, "PDR")
     out["female_skew_t"] = {v: _t_of(fit, "female_skew", v) for v in ("full", "text_iso", "tab_iso")}
+    out["t_calibration"] = {v: t_calibration(fit, v) for v in ("full", "text_iso", "tab_iso")}
     for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
                        ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
         cs = [pick(r) for r in fit]
@@ -603,12 +677,16 @@ def main(argv=None) -> None:
                         "notes through g) in place of the real ones, its nulls drawn from that, as if it were real")
     r.add_argument("--fitness-n", type=int, default=1000)
     r.add_argument("--n-boot", type=int, default=200)
+    b = sub.add_parser("backfill", help="add the RF's per-emulator values to finished audits that predate them")
+    b.add_argument("--pattern", default="v*.json")
     s = sub.add_parser("summarise")
     s.add_argument("--alpha", type=float, default=0.05)
     sub.add_parser("missing", help="the audits issue 37's grid still wants (release design) and their CPU-hours")
     args = ap.parse_args(argv)
     if args.cmd == "run":
         cmd_run(args)
+    elif args.cmd == "backfill":
+        cmd_backfill(args)
     elif args.cmd == "missing":
         m = missing(json.loads(RESULT.read_text())["cells"] if RESULT.exists() else [])
         print(m[m.to_run > 0].to_string(index=False))
