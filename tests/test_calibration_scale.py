@@ -1,0 +1,84 @@
+"""The statistics `benchmarks/calibration_scale.py` reports about the audit's test (issue 37): the number of
+nothing-planted audits a level needs, the clustered standard error of the mean t, and the test's own calibration
+(the real emulator's t beside its nulls' leave-one-out t). Hand-computed cases; no cohort is built."""
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+from statsmodels.stats.proportion import proportion_confint
+
+from triage_cf.core import repo_root
+
+
+@pytest.fixture(scope="module")
+def cs():
+    path = repo_root() / "benchmarks" / "calibration_scale.py"
+    spec = importlib.util.spec_from_file_location("calibration_scale_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pooled_audits_needed(cs):
+    n = cs.pooled_audits_needed()
+    assert n == 160 == cs.GRID["pooled"]
+    # at n, ceil(5% of n) false findings verify the 5% level (upper bound < 10%); one step fewer audits do not
+    assert proportion_confint(8, 160, method="beta")[1] < 0.10
+    assert proportion_confint(int(np.ceil(0.05 * 150)), 150, method="beta")[1] >= 0.10
+    assert cs.pooled_audits_needed(level=0.0) == 40          # 0 of 30: upper bound 1 - 0.025^(1/30) = 0.116; of 40: 0.088
+    assert cs.pooled_audits_needed(level=0.05, bound=0.20) < n
+
+
+def _audit(dataset, seed, t, K=9, view="full", metric="female_skew"):
+    return dict(dataset=dataset, seed=seed, K=K,
+                checks=[dict(condition=view, metric=metric, effect=t, null_sd=1.0)])
+
+
+def test_mean_t_standard_error_by_cluster(cs):
+    # two audits of one seed (the same generator draws at two case mixes) count as one cluster
+    fit = [_audit("synth-en", 1, 2.0), _audit("synth-en", 1, 0.0), _audit("synth-en", 2, -1.0), _audit("synth-fr", 1, 0.0)]
+    got = cs._t_of(fit, "female_skew", "full")
+    assert got["n_clusters"] == 3
+    assert got["mean"] == pytest.approx(0.25)                 # the mean over audits
+    means = np.array([1.0, -1.0, 0.0])                        # the clusters' means
+    assert got["se"] == pytest.approx(means.std(ddof=1) / np.sqrt(3))
+    assert cs._t_of([], "female_skew", "full") == dict(mean=None, se=None, n_clusters=0)
+
+
+def test_loo_t(cs):
+    v = [0.0, 1.0, 2.0, 3.0]
+    got = cs.loo_t(v)
+    o = np.array([1.0, 2.0, 3.0])                             # the first null against the other three
+    assert got[0] == pytest.approx((0.0 - o.mean()) / (o.std(ddof=1) * np.sqrt(1 + 1 / 3)))
+    assert got[0] == pytest.approx(-got[3])                   # symmetric values, symmetric t
+    assert cs.loo_t([1.0, 1.0, 1.0]) == []                     # no spread among the others: untested
+
+
+def test_t_calibration(cs):
+    rng = np.random.default_rng(0)
+    K, crit = 9, stats.t.ppf(0.975, 8)
+    fit = []
+    for i in range(400):                                      # a real emulator exchangeable with its nulls
+        vals = rng.normal(size=K + 1)
+        real, nulls = vals[0], vals[1:]
+        effect, sd = real - nulls.mean(), nulls.std(ddof=1)
+        a = _audit("synth-en", i, effect, K)
+        a["checks"][0]["null_sd"] = sd
+        a["emulator_values"] = {"full": {"female_skew": {"real": real, "nulls": list(nulls)}}}
+        fit.append(a)
+    got = cs.t_calibration(fit, "full")
+    assert got["n_real"] == 400 and got["n_audits_loo"] == 400 and got["n_loo"] == 400 * K
+    assert got["student_sd_real"] == pytest.approx(np.sqrt(8 / 6))
+    assert abs(got["real_t_rms"] - got["student_sd_real"]) < 0.15
+    assert abs(got["loo_t_rms"] - got["student_sd_loo"]) < 0.08
+    assert 0.02 < got["real_t_rate"] < 0.08 and 0.035 < got["loo_t_rate"] < 0.065
+    ts = [a["checks"][0]["effect"] / a["checks"][0]["null_sd"] / np.sqrt(1 + 1 / K) for a in fit]
+    assert got["real_t_rate"] == pytest.approx(np.mean(np.abs(ts) > crit))
+    for a in fit:                                             # a real emulator that stands apart: offset by 3 null SDs
+        a["checks"][0]["effect"] += 3 * a["checks"][0]["null_sd"]
+    off = cs.t_calibration(fit, "full")
+    assert off["real_t_mean"] > 2.5 and off["real_t_rate"] > 0.5
+    assert off["loo_t_rms"] == pytest.approx(got["loo_t_rms"])   # the nulls' own calibration does not move
