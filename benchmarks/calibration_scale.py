@@ -23,9 +23,11 @@ Scale 0 (nothing planted: bias_tab = bias_text = 0) gives the false-positive rat
 dataset's default knobs (params/synth-*.yaml) the power. The oracle's estimates on the same pairs are the truth
 (its argmax and expected-level metrics; attenuation = emulator estimate / oracle estimate).
 
-Each finished audit writes one JSON under the cache (skipped on rerun), and each model's pair predictions are cached,
-so a killed run resumes where it was. `summarise` pools the audits into benchmarks/results/calibration_scale.json
-(+ figure), one cell per model x design x dataset x size x case mix x planted scale, labelled with what they cover.
+Each finished audit writes one JSON under the cache (skipped on rerun), with every emulator's female skew, PDR and
+NMDF per view (`emulator_values`: the test's own calibration, `t_calibration`; `backfill` adds them to older audits),
+and each model's pair predictions are cached, so a killed run resumes where it was. `summarise` pools the audits into
+benchmarks/results/calibration_scale.json (+ figure), one cell per model x design x dataset x size x case mix x planted
+scale, labelled with what they cover.
 
     nice -n 10 .venv/bin/python benchmarks/calibration_scale.py run --datasets synth-fr synth-en --sizes 3000 12000 \
         --case-mix 0 1 2 --scales 0 --seeds 6 --K 9
@@ -234,8 +236,8 @@ def evaluate_arm(name: str, preds: dict, real_test: pd.DataFrame, d: dict, a: di
                    significant=None if pd.isna(r.significant) else bool(r.significant),
                    finding=None if pd.isna(r.finding) else bool(r.finding), mde=float(r.mde),
                    oracle_estimate=float(orc_m[r.condition][r.metric])) for r in pt.itertuples()]
-    return dict(kappa_w=float(f.kappa_w), fit_for_audit=fit, checks=checks, soft_checks=soft_checks(real, nulls, oracle, fit),
-                emulator_values=emulator_values(real, nulls))
+    return dict(kappa_w=float(f.kappa_w), fit_for_audit=fit, checks=checks,
+                soft_checks=soft_checks(real, nulls, oracle, fit), emulator_values=emulator_values(real, nulls))
 
 
 #: the metrics whose value per emulator an audit keeps (`emulator_values`): the primary's and two secondaries'
@@ -402,22 +404,20 @@ def _t_of(fit: list[dict], metric: str, view: str) -> dict:
 
 
 def loo_t(values: list[float]) -> list[float]:
-    """Each null emulator's predictive t against the other K - 1 (`null_test`'s t): Student's t with K - 2 df when the
-    nulls are exchangeable and their metric is normal, whatever the real emulator does."""
-    v = np.asarray(values, float)
-    out = []
-    for k in range(len(v)):
-        o = np.delete(v, k)
-        if o.std(ddof=1) > 0:
-            out.append(float((v[k] - o.mean()) / (o.std(ddof=1) * np.sqrt(1 + 1 / len(o)))))
-    return out
+    """Each null emulator's predictive t against the other K - 1 (`metrics.null_test`): Student's t with K - 2 df when
+    the nulls are exchangeable and their metric is normal, whatever the real emulator does (undefined t left out)."""
+    from triage_cf.audit.metrics import null_test
+    v = list(values)
+    ts = [null_test([v[k]], v[:k] + v[k + 1:])["t"] for k in range(len(v))]
+    return [float(t) for t in ts if np.isfinite(t)]
 
 
 def t_calibration(fit: list[dict], view: str, metric: str = "female_skew", alpha: float = 0.05) -> dict:
     """The test's own calibration in `view`: the mean, root mean square (about 0: offset and spread together) and
-    two-sided rejection rate of the real emulator's predictive t (Student's t with K - 1 df if it is exchangeable with its
-    nulls) beside the nulls' leave-one-out t (`loo_t`, K - 2 df), with the SDs Student's t would give. A real t that spreads wider than its nulls' means the real emulator is
-    not exchangeable with them; nulls that spread wider too mean the t reference itself does not hold."""
+    two-sided rejection rate of the real emulator's predictive t (Student's t with K - 1 df if it is exchangeable with
+    its nulls) beside the nulls' leave-one-out t (`loo_t`, K - 2 df), with the SDs Student's t would give. A real t that
+    spreads wider than its nulls' means the real emulator is not exchangeable with them; nulls that spread wider too
+    mean the t reference itself does not hold."""
     from scipy import stats
     ev = [r["emulator_values"][view][metric] for r in fit if "emulator_values" in r]
     real = [c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"]) for r in fit for c in r["checks"]
@@ -443,7 +443,8 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     out["raw_check_rate"] = _rate(sum(c["p"] < alpha for c in raw), len(raw))
     out["finding_rate_any_check"] = _rate(sum(any(c["finding"] for c in r["checks"]) for r in fit), len(fit))
     # the systematic offset of the real RF from its nulls: mean t = (estimate - null mean) / null sd of the female skew
-    # and of PDR per view (0 in expectation when the real and null emulators are exchangeable; SE about 1/sqrt(audits))
+    # and of PDR per view (0 in expectation when the real and null emulators are exchangeable; its SE from clusters of
+    # audits that share a seed: `_t_of`), and the test's own calibration (`t_calibration`)
     out["female_skew_mean_t"], out["pdr_mean_t"] = _mean_t(fit, "female_skew"), _mean_t(fit, "PDR")
     out["female_skew_t"] = {v: _t_of(fit, "female_skew", v) for v in ("full", "text_iso", "tab_iso")}
     out["t_calibration"] = {v: t_calibration(fit, v) for v in ("full", "text_iso", "tab_iso")}
@@ -502,9 +503,9 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
                note=("Partial: the cells listed are the ones measured; sizes, case mixes and arms not listed are not "
                      "measured here, and the FT emulator is GPU-only (not on this curve)."),
                cells=cells, pooled_nothing_planted=pooled,
-               level_audits_needed=dict(n=GRID["pooled"], why="nothing-planted audits per case mix at which a test whose "
-                                        "level is exactly 5% verifies it: ceil(0.05 n) false findings with a Clopper-"
-                                        "Pearson upper bound under 10% (pooled_audits_needed)"))
+               level_audits_needed=dict(n=GRID["pooled"], why=(
+                   "nothing-planted audits per case mix at which a test whose level is exactly 5% verifies it: "
+                   "ceil(0.05 n) false findings with a Clopper-Pearson upper bound under 10% (pooled_audits_needed)")))
     result.write_text(json.dumps(out, indent=1))
     write_curve(cells)
     if cells:
