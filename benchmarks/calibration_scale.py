@@ -137,8 +137,16 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
     timing["null_sexes_s"] = round(time.perf_counter() - t, 1)
     diag = dict(n_eligible=int(eligible.sum()), n_marked=int(design["marked"].sum()), marked_terms=design["terms"],
                 auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible], q[eligible]),
-                auc_after_mean=float(np.mean(auc)))
+                auc_after_mean=float(np.mean(auc)), sex_level_assoc=sex_level_assoc(train, eligible, sexes[:-1]))
     return texts[:-1], texts[-1], diag
+
+
+def sex_level_assoc(train: pd.DataFrame, eligible: np.ndarray, sexes: list) -> dict:
+    """The conditional permutation test's raw statistic, no emulator: the women's minus the men's mean triage level
+    among the re-sexable records, for the real sexes and each null copy's (exchangeable under H0 if q-hat is right)."""
+    y = train["triage_level"].astype(int).to_numpy()
+    gap = lambda s: float(y[eligible & (s == "F")].mean() - y[eligible & (s == "M")].mean())
+    return dict(real=gap(train["sex"].astype(str).to_numpy()), nulls=[gap(np.asarray(s, dtype=object)) for s in sexes])
 
 
 def render_pair_texts(d: dict) -> None:
@@ -357,9 +365,26 @@ def backfill_values(path: Path) -> bool:
     return True
 
 
+def backfill_assoc(path: Path) -> bool:
+    """Add `sex_level_assoc` to a finished audit's null diagnostics that predates it: its cohort and null sexes drawn
+    again as the audit drew them (both deterministic in the audit's seed); False where it is there already."""
+    r = json.loads(path.read_text())
+    if "sex_level_assoc" in r.get("null_diagnostics", {}):
+        return False
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1):
+        diag = null_training_sets(cohort(r, 1000), r, {})[2]
+    r["null_diagnostics"]["sex_level_assoc"] = diag["sex_level_assoc"]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(r, indent=1))
+    tmp.replace(path)
+    return True
+
+
 def cmd_backfill(args) -> None:
     for path in sorted(CACHE.glob(args.pattern)):
-        print(path.stem, "added" if backfill_values(path) else "skipped", flush=True)
+        print(path.stem, "added" if backfill_values(path) else "skipped", "values;",
+              "added" if args.assoc and backfill_assoc(path) else "skipped", "gap", flush=True)
 
 
 def cmd_run(args) -> None:
@@ -432,6 +457,28 @@ def t_calibration(fit: list[dict], view: str, metric: str = "female_skew", alpha
                 n_loo=len(loo), n_audits_loo=len(ev), student_sd_loo=sd_t(K - 2))
 
 
+def assoc_calibration(fit: list[dict]) -> dict:
+    """The sampler's own check, no emulator: the real sexes' women-minus-men level gap (`sex_level_assoc`) as a
+    predictive t against the K null copies' (Student's with K - 1 df if the null sexes are exchangeable with the real
+    ones under $\\hat q$), its root mean square, and the least-squares slope and correlation of the real RF's full-view
+    female-skew t on it over the audits: an emulator t that follows the gap's t with slope near 1 amplifies nothing;
+    a gap t that spreads as Student's while the emulator's does not puts the excess in the emulator, not in $\\hat q$."""
+    from triage_cf.audit.metrics import null_test
+    pairs = []
+    for r in fit:
+        a = (r.get("null_diagnostics") or {}).get("sex_level_assoc")
+        c = next((c for c in r["checks"] if c["check"] == "primary" and c["null_sd"] > 0), None)
+        if a and c:
+            pairs.append((null_test([a["real"]], a["nulls"])["t"], c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"])))
+    x, y = (np.array(v, float) for v in zip(*pairs)) if pairs else (np.array([]), np.array([]))
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    slope = float(np.polyfit(x, y, 1)[0]) if len(x) > 2 else None
+    return dict(n=int(len(x)), gap_t_mean=float(x.mean()) if len(x) else None,
+                gap_t_rms=float(np.sqrt(np.mean(x ** 2))) if len(x) else None,
+                slope_emulator_on_gap=slope, corr=float(np.corrcoef(x, y)[0, 1]) if len(x) > 2 else None)
+
+
 def _cell(rs: list[dict], alpha: float) -> dict:
     "The measured figures of one cell's audits (only fit audits count for rates; unfit ones are counted)."
     fit = [r for r in rs if r["fit_for_audit"]]
@@ -448,6 +495,7 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     out["female_skew_mean_t"], out["pdr_mean_t"] = _mean_t(fit, "female_skew"), _mean_t(fit, "PDR")
     out["female_skew_t"] = {v: _t_of(fit, "female_skew", v) for v in ("full", "text_iso", "tab_iso")}
     out["t_calibration"] = {v: t_calibration(fit, v) for v in ("full", "text_iso", "tab_iso")}
+    out["assoc_calibration"] = assoc_calibration(fit)
     for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
                        ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
         cs = [pick(r) for r in fit]
@@ -680,6 +728,8 @@ def main(argv=None) -> None:
     r.add_argument("--n-boot", type=int, default=200)
     b = sub.add_parser("backfill", help="add the RF's per-emulator values to finished audits that predate them")
     b.add_argument("--pattern", default="v*.json")
+    b.add_argument("--assoc", action="store_true", help="also the sampler's raw statistic (`sex_level_assoc`): draws "
+                   "each audit's cohort and null sexes again (about a minute per audit)")
     s = sub.add_parser("summarise")
     s.add_argument("--alpha", type=float, default=0.05)
     sub.add_parser("missing", help="the audits issue 37's grid still wants (release design) and their CPU-hours")

@@ -82,3 +82,35 @@ def test_t_calibration(cs):
     off = cs.t_calibration(fit, "full")
     assert off["real_t_mean"] > 2.5 and off["real_t_rate"] > 0.5
     assert off["loo_t_rms"] == pytest.approx(got["loo_t_rms"])   # the nulls' own calibration does not move
+
+
+def test_assoc_calibration(cs):
+    rng = np.random.default_rng(1)
+    K = 9
+    fit, gaps = [], []
+    for i in range(300):                                      # exchangeable gaps; the emulator's t = 1.5 x the gap's t
+        vals = rng.normal(size=K + 1)
+        g = (vals[0] - vals[1:].mean()) / (vals[1:].std(ddof=1) * np.sqrt(1 + 1 / K))
+        a = _audit("synth-en", i, 1.5 * g * np.sqrt(1 + 1 / K), K)
+        a["checks"][0]["check"] = "primary"
+        a["null_diagnostics"] = {"sex_level_assoc": {"real": vals[0], "nulls": list(vals[1:])}}
+        fit.append(a)
+        gaps.append(g)
+    got = cs.assoc_calibration(fit)
+    assert got["n"] == 300
+    assert got["gap_t_mean"] == pytest.approx(np.mean(gaps))
+    assert got["gap_t_rms"] == pytest.approx(np.sqrt(np.mean(np.square(gaps))))
+    assert abs(got["gap_t_rms"] - np.sqrt(8 / 6)) < 0.15       # Student's t with K - 1 df
+    assert got["slope_emulator_on_gap"] == pytest.approx(1.5) and got["corr"] == pytest.approx(1.0)
+    del fit[0]["null_diagnostics"]                            # an audit without the statistic is left out, not zero
+    assert cs.assoc_calibration(fit)["n"] == 299
+    assert cs.assoc_calibration([])["n"] == 0 and cs.assoc_calibration([])["slope_emulator_on_gap"] is None
+
+
+def test_sex_level_assoc(cs):
+    import pandas as pd
+    train = pd.DataFrame({"sex": ["F", "F", "M", "M", "F"], "triage_level": [3, 5, 2, 2, 1]})
+    eligible = np.array([True, True, True, True, False])     # the last record keeps its sex: not counted
+    null = np.array(["M", "F", "F", "M", "F"], dtype=object)
+    got = cs.sex_level_assoc(train, eligible, [null])
+    assert got["real"] == pytest.approx(4.0 - 2.0) and got["nulls"] == [pytest.approx(3.5 - 2.5)]
