@@ -63,7 +63,7 @@ def audit_key(a: dict) -> str:
                     + ("_mlp" if "MLP" in a.get("models", ["RF"]) else "")
                     + (f"_ms{a['rf_max_samples']}" if a.get("rf_max_samples") else "")
                     + ("_pseudo" if a.get("pseudo_real") else ""),
-                    q={"notes": "_qnotes", "tabular": "_qtab"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
+                    q={"notes": "_qnotes", "tabular": "_qtab", "generator": "_qgen"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
 def synth_knobs(dataset: str, n_records: int, case_mix: float, scale: float) -> dict:
@@ -116,6 +116,45 @@ def normalise_pairs(d: dict) -> None:
     d["ok"] = d["pairs"][d["pairs"]["in_pairs"]]
 
 
+def generator_propensity(train: pd.DataFrame, a: dict) -> np.ndarray:
+    """The synthetic cohort's own P(S = F | x) per training record, from its generator (`--propensity generator`):
+    the prior, the age densities by sex (`_age_by_sex`), the complaint weights by sex (`class_weights`) and the systolic
+    pressure's shift given age and the latent severity h (read from the generator's draws of the same seed), the terms
+    that make sex depend on the case mix; every other draw is independent of sex. A valid propensity for the
+    conditional permutation (the nurses' level depends on the recorded x only), which q-hat estimates."""
+    from scipy.stats import beta
+    from triage_cf import synth
+    lang = "fr" if a["dataset"] == "synth-fr" else "en"
+    knobs = {k: v for k, v in synth_knobs(a["dataset"], a["n_records"], a["case_mix"], a["scale"]).items() if k != "n_records"}
+    kn, cm = synth._knobs(lang, knobs), float(a["case_mix"])
+    blocks = [synth._draws(lang, a["seed"], b, kn) for b in range(-(-int(a["n_records"]) // synth._BLOCK))]
+    idx = train["record_id"].astype("int64").to_numpy() - (10_000_001 if lang == "fr" else 30_000_001)
+    get = lambda k: np.concatenate([b[k] for b in blocks])[idx]
+    sex, age, cc, h = get("sex"), get("age"), get("cc"), get("h")
+    if (sex != train["sex"].astype(str).to_numpy()).any():
+        raise ValueError("generator_propensity: the generator's draws do not match the records (seed or knobs differ)")
+    sf, gap = kn["share_female"], synth.CASE_MIX_BY_SEX["age_gap"] * cm
+    def log_p_age(mean):             # P(floor(age) = a | sex): the Beta of `_adult_age` over [a, a + 1)
+        m, v = (mean - 18) / 87, (kn["age_sd"] / 87) ** 2
+        k = m * (1 - m) / v - 1
+        cdf = lambda x: beta.cdf(np.clip((x - 18) / 87, 0, 1), m * k, (1 - m) * k)
+        return np.log(np.maximum(cdf(age + 1) - cdf(age), 1e-300))
+    logit = np.log(sf / (1 - sf)) + np.where(age >= 18, log_p_age(kn["age_mean"] + gap * (1 - sf))
+                                             - log_p_age(kn["age_mean"] - gap * sf), 0.0)   # minors: age by sex alike
+    cls = synth.CC_CLASSES
+    gen = (cls.group == "genital").to_numpy()
+    for sx, sign in (("F", 1.0), ("M", -1.0)):   # P(class | sex) among the classes that are not sex-specific
+        w = synth.class_weights(lang, sx, cm)
+        ok = (~gen) & (cls.sex.isna() | (cls.sex == sx)).to_numpy()
+        p = pd.Series(np.where(ok, w, 0.0) / w[ok].sum(), index=cls.code.to_numpy()).reindex(cc).to_numpy()
+        logit = logit + sign * np.log(np.maximum(p, 1e-300))
+    load = np.array([synth._GROUP_LOAD.get(g, synth._LOAD_OTHER)[2] for g in cls.set_index("code").loc[cc].group])
+    r = train["sbp"].astype(float).to_numpy() - (128 + 0.3 * (age - 50) + load * np.maximum(h, 0))
+    shift = synth.CASE_MIX_BY_SEX["sbp_female"] * cm                          # N(shift, 16^2) against N(0, 16^2)
+    logit = logit + np.where(np.isnan(r), 0.0, (r ** 2 - (r - shift) ** 2) / (2 * 16.0 ** 2))
+    return np.clip(1 / (1 + np.exp(-logit)), 1e-6, 1 - 1e-6)
+
+
 def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]], list[str], dict]:
     "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws (`null_design`)."
     from triage_cf.audit.baselines import record_texts
@@ -126,8 +165,9 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
         s_star, dz = null_design(train, tf, lang, 1, a["seed"] + 7777, notes=a["propensity"] == "notes",
                                  fix_marked=bool(a.get("marked")))
         train = permute_sex(train, tf, lang, rewrites=dz["rewrites"], new_sex=s_star[0])[0]
+    known = generator_propensity(train, a) if a["propensity"] == "generator" else None
     sexes, design = null_design(train, tf, lang, a["K"] + 1, a["seed"], method=a["null"],
-                                notes=a["propensity"] == "notes", fix_marked=bool(a.get("marked")))
+                                notes=a["propensity"] == "notes", fix_marked=bool(a.get("marked")), propensity=known)
     eligible, q, rewrites = design["eligible"], design["q"], design["rewrites"]
     base = round_trip(train, tf, lang, rewrites, eligible | design["marked"]) if a.get("normalise") else train
     texts = [record_texts(permute_sex(base, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
@@ -709,9 +749,10 @@ def main(argv=None) -> None:
     r.add_argument("--K", type=int, default=9)
     r.add_argument("--null", choices=["conditional", "uniform"], default="conditional")
     r.add_argument("--shared-seed", action="store_true")
-    r.add_argument("--propensity", choices=["notes", "tabular"], default="notes",
+    r.add_argument("--propensity", choices=["notes", "tabular", "generator"], default="notes",
                    help="what the conditional null's P(sex | case mix) reads: the tabular fields and the sex-neutral notes, "
-                        "or the tabular fields only (the first design)")
+                        "the tabular fields only (the first design), or none: the synthetic cohort's own from its "
+                        "generator (`generator_propensity`: what a perfect q-hat would give)")
     r.add_argument("--normalise", action="store_true",
                    help="every note in g's rendering (round trip) for the real RF, its nulls and both sides of every pair")
     r.add_argument("--marked", action=argparse.BooleanOptionalAction, default=True,

@@ -114,3 +114,25 @@ def test_sex_level_assoc(cs):
     null = np.array(["M", "F", "F", "M", "F"], dtype=object)
     got = cs.sex_level_assoc(train, eligible, [null])
     assert got["real"] == pytest.approx(4.0 - 2.0) and got["nulls"] == [pytest.approx(3.5 - 2.5)]
+
+
+def test_generator_propensity(cs):
+    """The synthetic cohort's own P(F | x) is calibrated (a logistic fit of the sexes on its logit has slope about 1),
+    carries the case mix at case_mix_by_sex 2 and none at 0, and refuses records its generator did not draw."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from triage_cf.data import load_records
+    for cm in (2.0, 0.0):
+        a = dict(dataset="synth-en", n_records=3000, case_mix=cm, scale=0.0, seed=5)
+        rec = load_records("synth-en", seed=5, synth=cs.synth_knobs("synth-en", 3000, cm, 0.0))[0]
+        rec = rec[rec["sex"].isin(["F", "M"])].reset_index(drop=True)
+        q = cs.generator_propensity(rec, a)
+        female = (rec["sex"] == "F").to_numpy()
+        assert abs(q.mean() - female.mean()) < 0.03
+        if cm:
+            fit = LogisticRegression(C=1e6).fit(np.log(q / (1 - q))[:, None], female)
+            assert 0.8 < fit.coef_[0][0] < 1.35 and roc_auc_score(female, q) > 0.65
+        else:
+            assert np.ptp(q) < 1e-9                                 # sex independent of the case mix: one value
+    with pytest.raises(ValueError, match="do not match"):
+        cs.generator_propensity(rec, {**a, "seed": 6})

@@ -205,9 +205,20 @@ def marked_records(notes: list[str], terms: list[str]) -> np.ndarray:
     return np.asarray(CountVectorizer(binary=True, vocabulary=list(terms)).transform(notes).sum(1)).ravel() > 0
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #8d5b3f62
+def _known_propensity(propensity, n: int) -> np.ndarray:
+    "A known propensity, checked: one probability in (0, 1) per record."
+    p = np.asarray(propensity, dtype=float)
+    bad = p.shape != (n,) or int((~((p > 0) & (p < 1))).sum())
+    if bad:
+        raise ValueError(f"null_design: propensity must hold {n} probabilities in (0, 1); got shape {p.shape}"
+                         + ("" if p.shape != (n,) else f", {bad} outside (0, 1)"))
+    return p
+
 def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copies: int, seed: int,
-                method: str = "conditional", notes: bool = True, fix_marked: bool = True) -> tuple[list[np.ndarray], dict]:
-    "(`n_copies` sexes of the records for null emulators, design: `rewrites`, `eligible`, `marked`, `terms`, `q`)."
+                method: str = "conditional", notes: bool = True, fix_marked: bool = True,
+                propensity=None) -> tuple[list[np.ndarray], dict]:
+    """(`n_copies` sexes of the records for null emulators, design: `rewrites`, `eligible`, `marked`, `terms`, `q`).
+    `propensity`: a known $P(S_i = F \\mid x_i)$ per record in place of $\\hat q$ (a synthetic cohort's own, say)."""
     rewrites = other_sex_rewrites(records, text_fields, lang)
     eligible, sex = rewritable(rewrites, text_fields, len(records)), records["sex"].astype(str).to_numpy()
     neutral = sex_neutral_notes(records, text_fields, rewrites) if text_fields and (notes or fix_marked) else None
@@ -219,7 +230,9 @@ def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copi
             terms, marked = terms + [w for w in t if w not in terms], marked | (marked_records(notes_s, t) & eligible)
     eligible = eligible & ~marked
     q = np.full(len(records), np.nan)
-    if eligible.any() and len(set(sex[eligible])) == 2:
+    if propensity is not None:
+        q[eligible] = _known_propensity(propensity, len(records))[eligible]
+    elif eligible.any() and len(set(sex[eligible])) == 2:
         q[eligible] = sex_propensity(records[eligible], pick(eligible) if notes and neutral else None, seed=seed)
     sexes = null_sexes(records, eligible, n_copies, seed, method=method, q=q)
     return sexes, dict(rewrites=rewrites, eligible=eligible, marked=marked, terms=terms, q=q)
