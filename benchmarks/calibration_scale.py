@@ -6,9 +6,10 @@ chain's own functions, as the default profile does, with the audit design of thi
   01-03  records (`data.load_records`), cohort rules (`cohort.apply_cohort`), the 50/50 split;
   04     null sexes (`null_control.null_design`): the conditional permutation (Berrett et al.) with a propensity that
          reads the tabular case mix and the sex-neutral notes (`--propensity notes`, the default; `tabular`: the
-         tabular case mix only), records holding a sex-marked word g leaves kept at their sex (`--marked`), or the
-         uniform shuffle (`--null uniform`); K copies for the null emulators + one tuning copy; g rewrites every
-         re-sexed record's notes (`--normalise`: every note in g's own rendering, an ablation);
+         tabular case mix only; `generator`: the synthetic cohort's own, no q-hat), records holding a sex-marked
+         word g leaves kept at their sex (`--marked`), or the uniform shuffle (`--null uniform`); K copies for the
+         null emulators + one tuning copy; g rewrites every re-sexed record's notes (`--normalise`: every note in
+         g's own rendering, an ablation);
   06     the RF (TF-IDF + random forest): hyperparameters searched once on the tuning copy (`fit_rf_tfidf`, search capped
          at 4,000 records), the real RF and the K null RFs trained with them, each null with its own training seed
          (or the real one: `--shared-seed`); `--models RF MLP` adds the MLP on frozen MiniLM embeddings (`fit_mlp`,
@@ -125,7 +126,8 @@ def generator_propensity(train: pd.DataFrame, a: dict) -> np.ndarray:
     from scipy.stats import beta
     from triage_cf import synth
     lang = "fr" if a["dataset"] == "synth-fr" else "en"
-    knobs = {k: v for k, v in synth_knobs(a["dataset"], a["n_records"], a["case_mix"], a["scale"]).items() if k != "n_records"}
+    knobs = synth_knobs(a["dataset"], a["n_records"], a["case_mix"], a["scale"])
+    knobs = {k: v for k, v in knobs.items() if k != "n_records"}
     kn, cm = synth._knobs(lang, knobs), float(a["case_mix"])
     blocks = [synth._draws(lang, a["seed"], b, kn) for b in range(-(-int(a["n_records"]) // synth._BLOCK))]
     idx = train["record_id"].astype("int64").to_numpy() - (10_000_001 if lang == "fr" else 30_000_001)
@@ -500,16 +502,17 @@ def t_calibration(fit: list[dict], view: str, metric: str = "female_skew", alpha
 def assoc_calibration(fit: list[dict]) -> dict:
     """The sampler's own check, no emulator: the real sexes' women-minus-men level gap (`sex_level_assoc`) as a
     predictive t against the K null copies' (Student's with K - 1 df if the null sexes are exchangeable with the real
-    ones under $\\hat q$), its root mean square, and the least-squares slope and correlation of the real RF's full-view
+    ones under q-hat), its root mean square, and the least-squares slope and correlation of the real RF's full-view
     female-skew t on it over the audits: an emulator t that follows the gap's t with slope near 1 amplifies nothing;
-    a gap t that spreads as Student's while the emulator's does not puts the excess in the emulator, not in $\\hat q$."""
+    a gap t that spreads as Student's while the emulator's does not puts the excess in the emulator, not in q-hat."""
     from triage_cf.audit.metrics import null_test
     pairs = []
     for r in fit:
         a = (r.get("null_diagnostics") or {}).get("sex_level_assoc")
         c = next((c for c in r["checks"] if c["check"] == "primary" and c["null_sd"] > 0), None)
         if a and c:
-            pairs.append((null_test([a["real"]], a["nulls"])["t"], c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"])))
+            t = c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"])
+            pairs.append((null_test([a["real"]], a["nulls"])["t"], t))
     x, y = (np.array(v, float) for v in zip(*pairs)) if pairs else (np.array([]), np.array([]))
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
