@@ -6,7 +6,8 @@ chain's own functions, as the default profile does, with the audit design of thi
   01-03  records (`data.load_records`), cohort rules (`cohort.apply_cohort`), the 50/50 split;
   04     null sexes (`null_control.null_design`): the conditional permutation (Berrett et al.) with a propensity that
          reads the tabular case mix and the sex-neutral notes (`--propensity notes`, the default; `tabular`: the
-         tabular case mix only; `generator`: the synthetic cohort's own, no q-hat), records holding a sex-marked
+         tabular case mix only; `notes-all`: q-hat learnt from the test split's records too; `generator`: the
+         synthetic cohort's own, no q-hat), records holding a sex-marked
          word g leaves kept at their sex (`--marked`), or the uniform shuffle (`--null uniform`); K copies for the
          null emulators + one tuning copy; g rewrites every re-sexed record's notes (`--normalise`: every note in
          g's own rendering, an ablation);
@@ -64,7 +65,7 @@ def audit_key(a: dict) -> str:
                     + ("_mlp" if "MLP" in a.get("models", ["RF"]) else "")
                     + (f"_ms{a['rf_max_samples']}" if a.get("rf_max_samples") else "")
                     + ("_pseudo" if a.get("pseudo_real") else ""),
-                    q={"notes": "_qnotes", "tabular": "_qtab", "generator": "_qgen"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
+                    q={"notes": "_qnotes", "notes-all": "_qnotesall", "tabular": "_qtab", "generator": "_qgen"}.get(a.get("propensity"), ""), **a))   # none: q in-sample (v1's first)
 
 
 def synth_knobs(dataset: str, n_records: int, case_mix: float, scale: float) -> dict:
@@ -157,6 +158,27 @@ def generator_propensity(train: pd.DataFrame, a: dict) -> np.ndarray:
     return np.clip(1 / (1 + np.exp(-logit)), 1e-6, 1 - 1e-6)
 
 
+def null_design_of(train: pd.DataFrame, test: pd.DataFrame, tf: list, lang: str, a: dict, known) -> tuple[list, dict]:
+    """Stage 04's `null_design` for the audit's design: with `notes-all`, q-hat learns from the test split's records too
+    (`movable`: only the training records are re-sexed), the outputs cut back to the training records."""
+    from triage_cf.audit.null_control import null_design
+    kw = dict(method=a["null"], notes=a["propensity"] in ("notes", "notes-all"), fix_marked=bool(a.get("marked")),
+              propensity=known)
+    if a["propensity"] != "notes-all":
+        return null_design(train, tf, lang, a["K"] + 1, a["seed"], **kw)
+    n, both = len(train), pd.concat([train, test], ignore_index=True)
+    sexes, design = null_design(both, tf, lang, a["K"] + 1, a["seed"], movable=np.arange(len(both)) < n, **kw)
+    design = {k: (v[:n] if isinstance(v, np.ndarray) else v) for k, v in design.items()}
+    design["rewrites"] = {f: r[:n] for f, r in design["rewrites"].items()}
+    return [s[:n] for s in sexes], design
+
+
+def q_generator_corr(q: np.ndarray, q_true: np.ndarray) -> float | None:
+    "The correlation of q-hat's logits with the true propensity's (None where the truth is one value: no case mix)."
+    lo = lambda p: np.log(p / (1 - p))
+    return float(np.corrcoef(lo(q), lo(q_true))[0, 1]) if np.ptp(lo(q_true)) > 1e-9 and np.ptp(lo(q)) > 0 else None
+
+
 def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]], list[str], dict]:
     "(training texts of the K null copies, of the tuning copy, diagnostics): stage 04's draws (`null_design`)."
     from triage_cf.audit.baselines import record_texts
@@ -168,8 +190,7 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
                                  fix_marked=bool(a.get("marked")))
         train = permute_sex(train, tf, lang, rewrites=dz["rewrites"], new_sex=s_star[0])[0]
     known = generator_propensity(train, a) if a["propensity"] == "generator" else None
-    sexes, design = null_design(train, tf, lang, a["K"] + 1, a["seed"], method=a["null"],
-                                notes=a["propensity"] == "notes", fix_marked=bool(a.get("marked")), propensity=known)
+    sexes, design = null_design_of(train, d["test"], tf, lang, a, known)
     eligible, q, rewrites = design["eligible"], design["q"], design["rewrites"]
     base = round_trip(train, tf, lang, rewrites, eligible | design["marked"]) if a.get("normalise") else train
     texts = [record_texts(permute_sex(base, tf, lang, rewrites=rewrites, new_sex=s)[0], "full", lang, text_fields=tf)
@@ -180,6 +201,8 @@ def null_training_sets(d: dict, a: dict, timing: dict) -> tuple[list[list[str]],
     diag = dict(n_eligible=int(eligible.sum()), n_marked=int(design["marked"].sum()), marked_terms=design["terms"],
                 auc_before=sex_case_mix_auc(train["sex"].astype(str).to_numpy()[eligible], q[eligible]),
                 auc_after_mean=float(np.mean(auc)), sex_level_assoc=sex_level_assoc(train, eligible, sexes[:-1]))
+    if not a.get("pseudo_real"):   # how close q-hat is to the cohort's own propensity (logits' correlation, re-sexable)
+        diag["q_generator_logit_corr"] = q_generator_corr(q[eligible], generator_propensity(train, a)[eligible])
     return texts[:-1], texts[-1], diag
 
 
@@ -539,6 +562,9 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     out["female_skew_t"] = {v: _t_of(fit, "female_skew", v) for v in ("full", "text_iso", "tab_iso")}
     out["t_calibration"] = {v: t_calibration(fit, v) for v in ("full", "text_iso", "tab_iso")}
     out["assoc_calibration"] = assoc_calibration(fit)
+    rq = [r.get("null_diagnostics", {}).get("q_generator_logit_corr") for r in fit]
+    rq = [v for v in rq if v is not None]
+    out["q_generator_logit_corr"] = dict(mean=float(np.mean(rq)) if rq else None, n=len(rq))
     for name, pick in (("argmax", lambda r: next(c for c in r["checks"] if c["check"] == "primary")),
                        ("expected", lambda r: next(c for c in r["soft_checks"] if c["condition"] == "full"))):
         cs = [pick(r) for r in fit]
@@ -752,8 +778,9 @@ def main(argv=None) -> None:
     r.add_argument("--K", type=int, default=9)
     r.add_argument("--null", choices=["conditional", "uniform"], default="conditional")
     r.add_argument("--shared-seed", action="store_true")
-    r.add_argument("--propensity", choices=["notes", "tabular", "generator"], default="notes",
+    r.add_argument("--propensity", choices=["notes", "notes-all", "tabular", "generator"], default="notes",
                    help="what the conditional null's P(sex | case mix) reads: the tabular fields and the sex-neutral notes, "
+                        "the same learnt from the test split's records too (notes-all: only the training records move), "
                         "the tabular fields only (the first design), or none: the synthetic cohort's own from its "
                         "generator (`generator_propensity`: what a perfect q-hat would give)")
     r.add_argument("--normalise", action="store_true",

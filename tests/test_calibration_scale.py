@@ -136,3 +136,12 @@ def test_generator_propensity(cs):
             assert np.ptp(q) < 1e-9                                 # sex independent of the case mix: one value
     with pytest.raises(ValueError, match="do not match"):
         cs.generator_propensity(rec, {**a, "seed": 6})
+
+
+def test_q_generator_corr(cs):
+    rng = np.random.default_rng(2)
+    lt = rng.normal(size=500)
+    q_true, q_hat = 1 / (1 + np.exp(-lt)), 1 / (1 + np.exp(-(lt + rng.normal(size=500))))
+    assert cs.q_generator_corr(q_hat, q_true) == pytest.approx(np.corrcoef(np.log(q_hat / (1 - q_hat)), lt)[0, 1])
+    assert cs.q_generator_corr(q_true, q_true) == pytest.approx(1.0)
+    assert cs.q_generator_corr(q_hat, np.full(500, 0.55)) is None          # no case mix: nothing to agree with

@@ -216,9 +216,10 @@ def _known_propensity(propensity, n: int) -> np.ndarray:
 
 def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copies: int, seed: int,
                 method: str = "conditional", notes: bool = True, fix_marked: bool = True,
-                propensity=None) -> tuple[list[np.ndarray], dict]:
+                propensity=None, movable=None) -> tuple[list[np.ndarray], dict]:
     """(`n_copies` sexes of the records for null emulators, design: `rewrites`, `eligible`, `marked`, `terms`, `q`).
-    `propensity`: a known $P(S_i = F \\mid x_i)$ per record in place of $\\hat q$ (a synthetic cohort's own, say)."""
+    `propensity`: a known $P(S_i = F \\mid x_i)$ per record in place of $\\hat q$ (a synthetic cohort's own, say).
+    `movable`: the records a null may re-sex (default all); the others only inform $\\hat q$ and the sex-marked words."""
     rewrites = other_sex_rewrites(records, text_fields, lang)
     eligible, sex = rewritable(rewrites, text_fields, len(records)), records["sex"].astype(str).to_numpy()
     neutral = sex_neutral_notes(records, text_fields, rewrites) if text_fields and (notes or fix_marked) else None
@@ -228,12 +229,14 @@ def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copi
         for notes_s in (neutral, sex_neutral_notes(records, text_fields, rewrites, "F")):
             t = sex_marked_terms([notes_s[i] for i in np.flatnonzero(eligible)], sex[eligible])
             terms, marked = terms + [w for w in t if w not in terms], marked | (marked_records(notes_s, t) & eligible)
-    eligible = eligible & ~marked
+    learn = eligible & ~marked                         # every record q-hat may learn P(S | x) from
+    eligible = learn & (np.ones(len(records), bool) if movable is None else np.asarray(movable, bool))
     q = np.full(len(records), np.nan)
     if propensity is not None:
         q[eligible] = _known_propensity(propensity, len(records))[eligible]
-    elif eligible.any() and len(set(sex[eligible])) == 2:
-        q[eligible] = sex_propensity(records[eligible], pick(eligible) if notes and neutral else None, seed=seed)
+    elif eligible.any() and len(set(sex[learn])) == 2:
+        q[learn] = sex_propensity(records[learn], pick(learn) if notes and neutral else None, seed=seed)
+        q[~eligible] = np.nan
     sexes = null_sexes(records, eligible, n_copies, seed, method=method, q=q)
     return sexes, dict(rewrites=rewrites, eligible=eligible, marked=marked, terms=terms, q=q)
 
