@@ -120,9 +120,9 @@ def normalise_pairs(d: dict) -> None:
 
 def generator_propensity(train: pd.DataFrame, a: dict) -> np.ndarray:
     """The synthetic cohort's own P(S = F | x) per training record, from its generator (`--propensity generator`):
-    the prior, the age densities by sex (`_age_by_sex`), the complaint weights by sex (`class_weights`) and the systolic
-    pressure's shift given age and the latent severity h (read from the generator's draws of the same seed), the terms
-    that make sex depend on the case mix; every other draw is independent of sex. A valid propensity for the
+    the prior, the age densities by sex (`_age_by_sex`), the complaint weights by sex (`class_weights`; a complaint
+    only one sex can have gives that sex) and the systolic pressure's shift given age and the latent severity h (read
+    from the generator's draws of the same seed), the terms that make sex depend on the case mix; every other draw is independent of sex. A valid propensity for the
     conditional permutation (the nurses' level depends on the recorded x only), which q-hat estimates."""
     from scipy.stats import beta
     from triage_cf import synth
@@ -146,11 +146,13 @@ def generator_propensity(train: pd.DataFrame, a: dict) -> np.ndarray:
                                              - log_p_age(kn["age_mean"] - gap * sf), 0.0)   # minors: age by sex alike
     cls = synth.CC_CLASSES
     gen = (cls.group == "genital").to_numpy()
-    for sx, sign in (("F", 1.0), ("M", -1.0)):   # P(class | sex) among the classes that are not sex-specific
+    for sx, sign in (("F", 1.0), ("M", -1.0)):   # P(class | sex, sex-specific or not), as `_pick_class` draws it
         w = synth.class_weights(lang, sx, cm)
-        ok = (~gen) & (cls.sex.isna() | (cls.sex == sx)).to_numpy()
-        p = pd.Series(np.where(ok, w, 0.0) / w[ok].sum(), index=cls.code.to_numpy()).reindex(cc).to_numpy()
-        logit = logit + sign * np.log(np.maximum(p, 1e-300))
+        allowed = (cls.sex.isna() | (cls.sex == sx)).to_numpy()
+        p = np.zeros(len(w))
+        for part in (gen, ~gen):
+            p[part & allowed] = w[part & allowed] / w[part & allowed].sum()
+        logit = logit + sign * np.log(np.maximum(pd.Series(p, index=cls.code.to_numpy()).reindex(cc).to_numpy(), 1e-300))
     load = np.array([synth._GROUP_LOAD.get(g, synth._LOAD_OTHER)[2] for g in cls.set_index("code").loc[cc].group])
     r = train["sbp"].astype(float).to_numpy() - (128 + 0.3 * (age - 50) + load * np.maximum(h, 0))
     shift = synth.CASE_MIX_BY_SEX["sbp_female"] * cm                          # N(shift, 16^2) against N(0, 16^2)

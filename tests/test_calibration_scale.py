@@ -132,8 +132,10 @@ def test_generator_propensity(cs):
         if cm:
             fit = LogisticRegression(C=1e6).fit(np.log(q / (1 - q))[:, None], female)
             assert 0.8 < fit.coef_[0][0] < 1.35 and roc_auc_score(female, q) > 0.65
-        else:
-            assert np.ptp(q) < 1e-9                                 # sex independent of the case mix: one value
+        else:   # sex independent of the case mix: the prior, but for the sex-specific (genital) complaints
+            assert (np.abs(q - np.median(q)) < 1e-9).mean() > 0.95 and abs(np.median(q) - 0.555) < 1e-9
+            one_sex = (q < 1e-5) | (q > 1 - 1e-5)                   # a complaint only one sex can have
+            assert one_sex.any() and (female[one_sex] == (q[one_sex] > 0.5)).all()
     with pytest.raises(ValueError, match="do not match"):
         cs.generator_propensity(rec, {**a, "seed": 6})
 
