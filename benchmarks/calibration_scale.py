@@ -590,6 +590,41 @@ DESIGN = dict(null="conditional", propensity="tabular-insample", normalise=False
               rf_max_samples=0, pseudo_real=False)   # 0: no cap
 
 
+def _primary_t(r: dict) -> float | None:
+    "An audit's primary-check predictive t (Student's, K - 1 df, if the real emulator is exchangeable with its nulls)."
+    c = next((c for c in r["checks"] if c["check"] == "primary" and c["null_sd"] > 0), None)
+    return None if c is None else c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"])
+
+
+def paired_designs(rs: list[dict]) -> list[dict]:
+    """Each ablation against the release design on the same nothing-planted cohorts (dataset, size, case mix, seed):
+    the two real RFs' primary t side by side (their correlation, root mean squares and rejection counts). The real RF is
+    the same model under both designs (same records, seed and, most often, hyperparameters), so a design that changes
+    only the nulls moves t through them alone, and the pairing shows how much."""
+    from scipy import stats
+    key = lambda r: (r["dataset"], r["n_records"], r["case_mix"], r["seed"])
+    fit = [r for r in rs if r["model"] == "RF" and r["scale"] == 0 and r["fit_for_audit"]
+           and r["null"] == "conditional"]
+    rel = {key(r): r for r in fit if release_design(r)}
+    name = lambda r: ", ".join([r["propensity"]] + (["normalise"] if r["normalise"] else [])
+                               + (["pseudo-real"] if r["pseudo_real"] else []))
+    out = {}
+    for r in fit:
+        if release_design(r) or r["marked"] != "both renderings" or key(r) not in rel:
+            continue
+        t0, t1 = _primary_t(rel[key(r)]), _primary_t(r)
+        if t0 is not None and t1 is not None:
+            out.setdefault((name(r), r["case_mix"]), []).append((t0, t1, float(stats.t.ppf(0.975, r["K"] - 1))))
+    rms = lambda v: float(np.sqrt(np.mean(np.square(v))))
+    rejections = lambda v: int(sum(abs(t) > c for t, c in v))
+    corr = lambda v: float(np.corrcoef(np.array(v)[:, :2].T)[0, 1]) if len(v) > 2 else None
+    return [dict(design=d, case_mix=cm, n=len(v), corr=corr(v),
+                 release_rms=rms([a for a, *_ in v]), design_rms=rms([b for _, b, _ in v]),
+                 release_rejections=rejections([(a, c) for a, _, c in v]),
+                 design_rejections=rejections([(b, c) for _, b, c in v]))
+            for (d, cm), v in sorted(out.items())]
+
+
 def _arms(r: dict):
     "An audit's records per model: the RF's (top level) and each other arm's (`arms`), the audit's design fields shared."
     r = {**DESIGN, **r}
@@ -621,7 +656,7 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
                covers=sorted({f"{r['model']} {r['dataset']} n={r['n_records']}" for r in rs}),
                note=("Partial: the cells listed are the ones measured; sizes, case mixes and arms not listed are not "
                      "measured here, and the FT emulator is GPU-only (not on this curve)."),
-               cells=cells, pooled_nothing_planted=pooled,
+               cells=cells, pooled_nothing_planted=pooled, paired_designs=paired_designs(rs),
                level_audits_needed=dict(n=GRID["pooled"], why=(
                    "nothing-planted audits per case mix at which a test whose level is exactly 5% verifies it: "
                    "ceil(0.05 n) false findings with a Clopper-Pearson upper bound under 10% (pooled_audits_needed)")))

@@ -147,3 +147,19 @@ def test_q_generator_corr(cs):
     assert cs.q_generator_corr(q_hat, q_true) == pytest.approx(np.corrcoef(np.log(q_hat / (1 - q_hat)), lt)[0, 1])
     assert cs.q_generator_corr(q_true, q_true) == pytest.approx(1.0)
     assert cs.q_generator_corr(q_hat, np.full(500, 0.55)) is None          # no case mix: nothing to agree with
+
+
+def test_paired_designs(cs):
+    def audit(seed, propensity, t, normalise=False):
+        return dict(model="RF", dataset="synth-en", n_records=3000, case_mix=2.0, seed=seed, scale=0.0, K=9,
+                    fit_for_audit=True, null="conditional", propensity=propensity, marked="both renderings",
+                    normalise=normalise, shared_seed=False, rf_max_samples=0, pseudo_real=False,
+                    checks=[dict(check="primary", effect=t * np.sqrt(1 + 1 / 9), null_sd=1.0)])
+    rs = [audit(s, "notes", t) for s, t in ((1, 1.0), (2, -2.0), (3, 3.0))]
+    rs += [audit(s, "generator", t) for s, t in ((1, 1.5), (2, -1.0), (3, 2.0), (4, 9.0))]   # seed 4: no release twin
+    got = cs.paired_designs(rs)
+    assert len(got) == 1 and got[0]["design"] == "generator" and got[0]["n"] == 3
+    assert got[0]["corr"] == pytest.approx(np.corrcoef([1.0, -2.0, 3.0], [1.5, -1.0, 2.0])[0, 1])
+    assert got[0]["release_rms"] == pytest.approx(np.sqrt(14 / 3)) and got[0]["design_rms"] == pytest.approx(np.sqrt(7.25 / 3))
+    crit = stats.t.ppf(0.975, 8)                                 # 2.31: |3.0| rejects, |2.0| and |-2.0| do not
+    assert (got[0]["release_rejections"], got[0]["design_rejections"]) == (1, 0) and 2.0 < crit < 3.0
