@@ -122,8 +122,9 @@ def generator_propensity(train: pd.DataFrame, a: dict) -> np.ndarray:
     """The synthetic cohort's own P(S = F | x) per training record, from its generator (`--propensity generator`):
     the prior, the age densities by sex (`_age_by_sex`), the complaint weights by sex (`class_weights`; a complaint
     only one sex can have gives that sex) and the systolic pressure's shift given age and the latent severity h (read
-    from the generator's draws of the same seed), the terms that make sex depend on the case mix; every other draw is independent of sex. A valid propensity for the
-    conditional permutation (the nurses' level depends on the recorded x only), which q-hat estimates."""
+    from the generator's draws of the same seed), the terms that make sex depend on the case mix; every other draw is
+    independent of sex. A valid propensity for the conditional permutation (the nurses' level depends on the recorded
+    x only), which q-hat estimates."""
     from scipy.stats import beta
     from triage_cf import synth
     lang = "fr" if a["dataset"] == "synth-fr" else "en"
@@ -534,9 +535,8 @@ def assoc_calibration(fit: list[dict]) -> dict:
     pairs = []
     for r in fit:
         a = (r.get("null_diagnostics") or {}).get("sex_level_assoc")
-        c = next((c for c in r["checks"] if c["check"] == "primary" and c["null_sd"] > 0), None)
-        if a and c:
-            t = c["effect"] / c["null_sd"] / np.sqrt(1 + 1 / r["K"])
+        t = _primary_t(r)
+        if a and t is not None:
             pairs.append((null_test([a["real"]], a["nulls"])["t"], t))
     x, y = (np.array(v, float) for v in zip(*pairs)) if pairs else (np.array([]), np.array([]))
     ok = np.isfinite(x) & np.isfinite(y)
