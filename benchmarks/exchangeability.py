@@ -139,13 +139,15 @@ def run_cohort(dataset: str, case_mix: float, seed: int, trees: int, K: int = 9)
 
 
 def t_of(value: float, nulls: list[float]) -> float:
-    "The null test's predictive t: (T - mean) / (SD * sqrt(1 + 1/K))."
-    n = np.asarray(nulls, float)
-    return float((value - n.mean()) / (n.std(ddof=1) * np.sqrt(1 + 1 / len(n))))
+    "The null test's predictive t, (T - mean) / (SD * sqrt(1 + 1/K)): `metrics.null_test`'s own."
+    from triage_cf.audit.metrics import null_test
+    return float(null_test([value], list(nulls))["t"])
 
 
 def cell_summary(rs: list[dict], alpha: float = 0.05) -> list[dict]:
-    "Per emulator, view and statistic: the t's RMS and rejection rate for the real and the pseudo-real cohorts."
+    """Per emulator, view and statistic: the t's RMS, mean, largest |t| and rejections for the real and the pseudo-real
+    cohorts, and the nulls' leave-one-out t (both null sets pooled: the reference checked against itself)."""
+    import calibration_scale as cs
     from scipy import stats
     rows = []
     for arm in ("RF", "LR"):
@@ -158,6 +160,10 @@ def cell_summary(rs: list[dict], alpha: float = 0.05) -> list[dict]:
                     crit = stats.t.ppf(1 - alpha / 2, rs[0]["K"] - 1)
                     row.update({f"{who}_t_rms": float(np.sqrt(np.mean(t ** 2))), f"{who}_t_mean": float(t.mean()),
                                 f"{who}_rejections": int((np.abs(t) > crit).sum()), f"{who}_t_max": float(np.abs(t).max())})
+                loo = np.array([t for r in rs for ref in ("nulls", "pnulls")
+                                for t in cs.loo_t([x[v][stat] for x in r["arms"][arm][ref]])])
+                row.update(loo_t_rms=float(np.sqrt(np.mean(loo ** 2))), n_loo=int(loo.size),
+                           loo_rate=float(np.mean(np.abs(loo) > stats.t.ppf(1 - alpha / 2, rs[0]["K"] - 2))))
                 row["student_t_rms"] = float(np.sqrt((rs[0]["K"] - 1) / (rs[0]["K"] - 3)))
                 rows.append(row)
     return rows

@@ -22,13 +22,14 @@ def test_t_of(ex):
     assert ex.t_of(2.5, nulls) == 0.0
 
 
+_BASE = list(np.linspace(-1, 1, 9) / np.linspace(-1, 1, 9).std(ddof=1))    # 9 nulls: mean 0, SD exactly 1
+
+
 def _cohort(seed, t_real, t_pseudo, K=9):
     "A cached cohort whose real and pseudo statistics sit at the given predictive t from nulls with SD 1."
-    base = np.linspace(-1, 1, K)
-    base = base / base.std(ddof=1)                       # SD exactly 1, mean 0
     scale = np.sqrt(1 + 1 / K)
     val = lambda t: {v: dict(female_skew=t * scale, expected=t * scale) for v in ex_views()}
-    nul = [{v: dict(female_skew=b, expected=b) for v in ex_views()} for b in base]
+    nul = [{v: dict(female_skew=b, expected=b) for v in ex_views()} for b in _BASE]
     arm = dict(real=val(t_real), nulls=nul, pseudo=val(t_pseudo), pnulls=nul)
     return dict(seed=seed, K=K, arms={"RF": arm, "LR": arm})
 
@@ -45,6 +46,10 @@ def test_cell_summary(ex):
     assert row["real_rejections"] == 1 and row["pseudo_rejections"] == 1
     assert row["real_t_mean"] == pytest.approx(2 / 3) and row["real_t_max"] == pytest.approx(3.0)
     assert row["student_t_rms"] == pytest.approx(np.sqrt(8 / 6))
+    loo = [ex.t_of(b, [c for c in _BASE if c != b]) for b in _BASE]
+    assert row["n_loo"] == 3 * 2 * 9 and row["loo_t_rms"] == pytest.approx(np.sqrt(np.mean(np.square(loo))))
+    assert row["loo_rate"] == np.mean(np.abs(loo) > stats.t.ppf(0.975, 7))
+
 
 
 def test_design_copies(ex):
