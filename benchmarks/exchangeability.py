@@ -65,7 +65,7 @@ def rf_params(a: dict, trees: int) -> dict:
 
 
 def design_copies(train: pd.DataFrame, tf: list, lang: str, K: int, seed: int) -> dict:
-    "Sexes of the real and of a pseudo-real cohort, each with K null copies from its own hub (same q-hat, same records)."
+    "Sexes of the real and a pseudo-real cohort, each with K null copies from its own hub (same q-hat, same records)."
     from triage_cf.audit.null_control import _sweeps, null_design
     nulls, des = null_design(train, tf, lang, K, seed)
     el, q = des["eligible"], des["q"]
@@ -146,7 +146,8 @@ def t_of(value: float, nulls: list[float]) -> float:
 
 def cell_summary(rs: list[dict], alpha: float = 0.05) -> list[dict]:
     """Per emulator, view and statistic: the t's RMS, mean, largest |t| and rejections for the real and the pseudo-real
-    cohorts, and the nulls' leave-one-out t (both null sets pooled: the reference checked against itself)."""
+    cohorts, the nulls' leave-one-out t (both null sets pooled: the reference checked against itself) and each null's
+    t against the other hub's K nulls (`cross`: does sharing a hub make a cohort's nulls closer to each other?)."""
     import calibration_scale as cs
     from scipy import stats
     rows = []
@@ -159,11 +160,17 @@ def cell_summary(rs: list[dict], alpha: float = 0.05) -> list[dict]:
                                   for r in rs])
                     crit = stats.t.ppf(1 - alpha / 2, rs[0]["K"] - 1)
                     row.update({f"{who}_t_rms": float(np.sqrt(np.mean(t ** 2))), f"{who}_t_mean": float(t.mean()),
-                                f"{who}_rejections": int((np.abs(t) > crit).sum()), f"{who}_t_max": float(np.abs(t).max())})
+                                f"{who}_rejections": int((np.abs(t) > crit).sum()),
+                                f"{who}_t_max": float(np.abs(t).max())})
                 loo = np.array([t for r in rs for ref in ("nulls", "pnulls")
                                 for t in cs.loo_t([x[v][stat] for x in r["arms"][arm][ref]])])
                 row.update(loo_t_rms=float(np.sqrt(np.mean(loo ** 2))), n_loo=int(loo.size),
                            loo_rate=float(np.mean(np.abs(loo) > stats.t.ppf(1 - alpha / 2, rs[0]["K"] - 2))))
+                cross = np.array([t_of(x, [y[v][stat] for y in r["arms"][arm][b]]) for r in rs
+                                  for a, b in (("nulls", "pnulls"), ("pnulls", "nulls"))
+                                  for x in [y[v][stat] for y in r["arms"][arm][a]]])
+                row.update(cross_t_rms=float(np.sqrt(np.mean(cross ** 2))), n_cross=int(cross.size),
+                           cross_rate=float(np.mean(np.abs(cross) > stats.t.ppf(1 - alpha / 2, rs[0]["K"] - 1))))
                 row["student_t_rms"] = float(np.sqrt((rs[0]["K"] - 1) / (rs[0]["K"] - 3)))
                 rows.append(row)
     return rows

@@ -49,6 +49,8 @@ def test_cell_summary(ex):
     loo = [ex.t_of(b, [c for c in _BASE if c != b]) for b in _BASE]
     assert row["n_loo"] == 3 * 2 * 9 and row["loo_t_rms"] == pytest.approx(np.sqrt(np.mean(np.square(loo))))
     assert row["loo_rate"] == np.mean(np.abs(loo) > stats.t.ppf(0.975, 7))
+    cross = np.sqrt(np.mean(np.square(_BASE))) / np.sqrt(1 + 1 / 9)     # each null against the same 9 (SD 1, mean 0)
+    assert row["n_cross"] == 3 * 2 * 9 and row["cross_t_rms"] == pytest.approx(cross)
 
 
 
