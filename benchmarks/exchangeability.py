@@ -82,16 +82,15 @@ def design_copies(train: pd.DataFrame, tf: list, lang: str, K: int, seed: int) -
 
 
 def skews(model, d: dict) -> dict:
-    "Female skew (argmax) and expected-level female skew of one emulator on the cohort's pairs, per view."
+    "Female skew (argmax) and the expected-level skew (`expected`: `metrics.nmdf_expected`) per view of the pairs."
     import calibration_scale as cs
-    from triage_cf.audit.metrics import female_skew
+    from triage_cf.audit.metrics import female_skew, nmdf_expected
     ex = cs.with_expected(cs.score_pairs(model, d, d["levels"]), d, "m", d["levels"])
     out = {}
     for v in VIEWS:
         e = ex[ex.condition == v]
-        sign = np.where(e.orig_sex == "F", 1.0, -1.0)
         out[v] = dict(female_skew=float(female_skew(e.orig_sex, e.pred_orig, e.pred_cf)),
-                      expected=float(np.mean(-sign * (e.exp_cf - e.exp_orig))))
+                      expected=float(nmdf_expected(e.orig_sex, e.exp_orig, e.exp_cf)))
     return out
 
 
