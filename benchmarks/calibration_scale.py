@@ -54,6 +54,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 RESULT = REPO / "benchmarks" / "results" / "calibration_scale.json"
 FIGURE = REPO / "benchmarks" / "results" / "calibration_scale.png"
+#: every finished audit's JSON, committed (gzip JSON lines): the cache under /tmp does not outlive a machine
+RECORDS = REPO / "benchmarks" / "results" / "calibration_scale_audits.jsonl.gz"
 CACHE = Path(os.environ.get("CALIBRATION_SCALE_CACHE", "/tmp/calibration_scale_cache"))
 VERSION = 1   # bump when what shapes an audit's result changes
 SOFT = "NMDF_expected"
@@ -547,6 +549,28 @@ def assoc_calibration(fit: list[dict]) -> dict:
                 slope_emulator_on_gap=slope, corr=float(np.corrcoef(x, y)[0, 1]) if len(x) > 2 else None)
 
 
+def primary_tests(fit: list[dict], alpha: float = 0.05) -> dict:
+    """The primary check (female skew, full view) of the same audits decided three ways from their kept per-emulator
+    values (`emulator_values`): the predictive t with the first 9 null emulators (the default profile's K), the t with
+    all K, and the exact rank test with all K where `rank_decides`; per test, the rejection rate (with nothing planted
+    the level; planted, power with the oracle's sign)."""
+    from triage_cf.audit.metrics import null_test, rank_decides
+    tests = {}
+    for r in fit:
+        ev = (r.get("emulator_values") or {}).get("full", {}).get("female_skew")
+        prim = next((c for c in r["checks"] if c["check"] == "primary"), None)
+        if not ev or prim is None:
+            continue
+        sign = np.sign(prim["oracle_estimate"]) if r["scale"] > 0 else 0
+        runs = [(f"t, K = {min(9, r['K'])}", ev["nulls"][:9], "t"), (f"t, K = {r['K']}", ev["nulls"], "t")]
+        runs += [(f"rank, K = {r['K']}", ev["nulls"], "auto")] if rank_decides(r["K"], alpha=alpha) else []
+        for name, nulls, method in dict((n, (n, v, m)) for n, v, m in runs).values():
+            t = null_test([ev["real"]], nulls, alpha=alpha, method=method)
+            hit = t["p"] < alpha and (sign == 0 or np.sign(t["effect"]) == sign)
+            tests.setdefault(name, []).append(bool(hit))
+    return {name: _rate(sum(v), len(v)) for name, v in sorted(tests.items())}
+
+
 def _cell(rs: list[dict], alpha: float) -> dict:
     "The measured figures of one cell's audits (only fit audits count for rates; unfit ones are counted)."
     fit = [r for r in rs if r["fit_for_audit"]]
@@ -564,6 +588,7 @@ def _cell(rs: list[dict], alpha: float) -> dict:
     out["female_skew_t"] = {v: _t_of(fit, "female_skew", v) for v in ("full", "text_iso", "tab_iso")}
     out["t_calibration"] = {v: t_calibration(fit, v) for v in ("full", "text_iso", "tab_iso")}
     out["assoc_calibration"] = assoc_calibration(fit)
+    out["primary_tests"] = primary_tests(fit, alpha)
     rq = [r.get("null_diagnostics", {}).get("q_generator_logit_corr") for r in fit]
     rq = [v for v in rq if v is not None]
     out["q_generator_logit_corr"] = dict(mean=float(np.mean(rq)) if rq else None, n=len(rq))
@@ -634,29 +659,58 @@ def _arms(r: dict):
         yield {**r, **v, "model": m}
 
 
+def audit_records(cache: Path = CACHE, records: Path = RECORDS) -> list[dict]:
+    """Every finished audit: the committed records (`RECORDS`) and the cache's JSONs (the cache wins on a key in both),
+    written back to `RECORDS` so that a commit keeps them."""
+    import gzip
+    got = {}
+    if records.exists():
+        with gzip.open(records, "rt") as f:
+            got = {r["key"]: r for r in map(json.loads, f)}
+    got.update({r["key"]: r for r in (json.loads(p.read_text()) for p in sorted(cache.glob("v*.json")))})
+    tmp = records.with_suffix(".tmp")
+    with gzip.GzipFile(tmp, "wb", mtime=0) as f:   # mtime 0: the same audits give the same bytes
+        f.write("".join(json.dumps(got[k], separators=(",", ":")) + "\n" for k in sorted(got)).encode())
+    tmp.replace(records)
+    return [got[k] for k in sorted(got)]
+
+
+def carried_over(old: list[dict], new: list[dict], key) -> list[dict]:
+    """The rows of an earlier summary whose per-audit records were not kept (audits before the records were committed)
+    and that no record re-measures: kept as they were, labelled, so that a summary never loses a measured cell."""
+    have = {key(c) for c in new}
+    return [{**c, "records": c.get("records", "summary only: its audits' records were not kept")}
+            for c in old if key(c) not in have]
+
+
 def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE, alpha: float = 0.05) -> dict:
-    "Pool the finished audits of the cache into the results JSON (and figure): per cell and per case mix pooled."
-    audits = [json.loads(p.read_text()) for p in sorted(cache.glob("v*.json"))]
-    audits = [r for r in audits if r.get("version") == VERSION]
+    "Pool the finished audits (`audit_records`) into the results JSON (and figure): per cell and per case mix pooled."
+    audits = [r for r in audit_records(cache) if r.get("version") == VERSION]
     rs = [x for r in audits for x in _arms(r)]
-    design = ("model", *DESIGN)
+    design = ("model", *DESIGN, "K")
     cell_of = ("dataset", "n_records", "case_mix", "scale")
     cells, pooled = [], []
-    key = lambda r: tuple(r[k] for k in design + cell_of)
+    key = lambda r: tuple(r.get(k) for k in design + cell_of)   # .get: carried rows may predate a field (K)
     for k, g in itertools.groupby(sorted(rs, key=key), key=key):
         g = list(g)
-        cells.append(dict(zip(design + cell_of, k), K=g[0]["K"], seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
-    pk = lambda r: tuple(r[k] for k in design + ("case_mix",))
+        cells.append(dict(zip(design + cell_of, k), seeds=sorted(r["seed"] for r in g), **_cell(g, alpha)))
+    pk = lambda r: tuple(r.get(k) for k in design + ("case_mix",))
     for k, g in itertools.groupby(sorted([r for r in rs if r["scale"] == 0], key=pk), key=pk):
         g = list(g)
         pooled.append(dict(zip(design + ("case_mix",), k), sizes=sorted({r["n_records"] for r in g}),
                            datasets=sorted({r["dataset"] for r in g}), **_cell(g, alpha)))
-    out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, models=sorted({r["model"] for r in rs}),
-               n_audits=len(audits), machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-               covers=sorted({f"{r['model']} {r['dataset']} n={r['n_records']}" for r in rs}),
+    prev = json.loads(result.read_text()) if result.exists() else {}
+    cells += carried_over(prev.get("cells", []), cells, key)
+    pooled += carried_over(prev.get("pooled_nothing_planted", []), pooled, pk)
+    n_carried = sum(c["n_audits"] for c in cells if "records" in c)
+    paired = paired_designs(rs)
+    out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, models=sorted({c["model"] for c in cells}),
+               n_audits=len(audits) + n_carried, n_audit_records=len(audits), machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+               covers=sorted({f"{c['model']} {c['dataset']} n={c['n_records']}" for c in cells}),
                note=("Partial: the cells listed are the ones measured; sizes, case mixes and arms not listed are not "
                      "measured here, and the FT emulator is GPU-only (not on this curve)."),
-               cells=cells, pooled_nothing_planted=pooled, paired_designs=paired_designs(rs),
+               cells=cells, pooled_nothing_planted=pooled, paired_designs=paired + carried_over(
+                   prev.get("paired_designs", []), paired, lambda q: (q["design"], q["case_mix"], q.get("K"))),
                level_audits_needed=dict(n=GRID["pooled"], why=(
                    "nothing-planted audits per case mix at which a test whose level is exactly 5% verifies it: "
                    "ceil(0.05 n) false findings with a Clopper-Pearson upper bound under 10% (pooled_audits_needed)")))
@@ -680,6 +734,26 @@ def curve_design(cells: list[dict]) -> str:
     return "both renderings" if len(sizes("both renderings")) >= 2 or not sizes("male rendering") else "male rendering"
 
 
+def level_rows(cells: list[dict]) -> list[dict]:
+    """The primary check's false findings with nothing planted, per model, test and size (case mixes and languages
+    pooled): `rank` from the cells whose K lets the exact rank test decide (`rank_decides`); `t` from the others'
+    decisions and from those cells' predictive t with their first 9 nulls (`primary_tests`: the same test a K = 9 audit
+    runs, on an identically drawn null set)."""
+    from triage_cf.audit.metrics import rank_decides
+    got = {}
+    for c in cells:
+        rank = rank_decides(c["K"])
+        parts = [("rank" if rank else "t", c["argmax"]["rate"])]
+        parts += [("t", c["primary_tests"]["t, K = 9"])] if rank and "t, K = 9" in c.get("primary_tests", {}) else []
+        for test, rate in parts:
+            g = got.setdefault((c["model"], test, c["n_records"]), dict(k=0, n=0, pairs=[], cm=set(), ds=set(), K=set()))
+            g["k"] += rate["k"]; g["n"] += rate["n"]; g["pairs"].append(c["n_pairs_median"])
+            g["cm"].add(c["case_mix"]); g["ds"].add(c["dataset"]); g["K"].add(c["K"])
+    return [dict(model=m, test=t, n_records=n, n_pairs=float(np.median(g["pairs"])), k=g["k"], n=g["n"],
+                 case_mix=sorted(g["cm"]), datasets=sorted(g["ds"]), K=sorted(g["K"]))
+            for (m, t, n), g in sorted(got.items())]
+
+
 def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources" / "calibration_curve.json") -> None:
     """The package's copy of the measured curve (`triage_cf.audit.plan.calibration_curve`): per model, statistic, case
     mix and size, the median MDE of the primary check with nothing planted (the curve's null design, datasets pooled)
@@ -688,7 +762,8 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
     rows = []
     key = lambda c: (c["model"], c["case_mix"], c["n_records"])
     design = curve_design(cells)
-    cond = sorted([c for c in cells if release_design(c, design)], key=key)
+    from triage_cf.audit.metrics import rank_decides   # the curve is the predictive t's (the default profile's K)
+    cond = sorted([c for c in cells if release_design(c, design) and not rank_decides(c["K"])], key=key)
     planted = [c for c in cells if c["scale"] > 0 and c["null"] == "conditional" and not c["normalise"]
                and not c["rf_max_samples"] and not c["pseudo_real"]]
     for (model, cm, n), g in itertools.groupby(cond, key=key):
@@ -700,13 +775,7 @@ def write_curve(cells: list[dict], path: Path = REPO / "triage_cf" / "resources"
             rows.append(dict(model=model, statistic=stat, case_mix=cm, n_records=n,
                              mde=float(np.median(null)) if null else None, attenuation=float(np.mean(att)) if att else None,
                              n_audits=int(sum(c["n_fit"] for c in g))))
-    level = []   # the primary check's false findings with nothing planted, per model and size (case mixes, languages pooled)
-    lk = lambda c: (c["model"], c["n_records"])
-    for (model, n), g in itertools.groupby(sorted([c for c in cond if c["scale"] == 0], key=lk), key=lk):
-        g = list(g)
-        level.append(dict(model=model, n_records=n, n_pairs=float(np.median([c["n_pairs_median"] for c in g])),
-                          k=int(sum(c["argmax"]["rate"]["k"] for c in g)), n=int(sum(c["argmax"]["rate"]["n"] for c in g)),
-                          case_mix=sorted({c["case_mix"] for c in g}), datasets=sorted({c["dataset"] for c in g})))
+    level = level_rows([c for c in cells if release_design(c, design) and c["scale"] == 0])
     path.write_text(json.dumps(dict(source="benchmarks/calibration_scale.py", version=VERSION,
                                     design=f"conditional null, notes' propensity, sex-marked words ({design})",
                                     rows=rows, level=level),

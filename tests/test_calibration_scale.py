@@ -163,3 +163,62 @@ def test_paired_designs(cs):
     assert got[0]["release_rms"] == pytest.approx(np.sqrt(14 / 3)) and got[0]["design_rms"] == pytest.approx(np.sqrt(7.25 / 3))
     crit = stats.t.ppf(0.975, 8)                                 # 2.31: |3.0| rejects, |2.0| and |-2.0| do not
     assert (got[0]["release_rejections"], got[0]["design_rejections"]) == (1, 0) and 2.0 < crit < 3.0
+
+
+def _ev_audit(real, nulls, seed=1, K=None, scale=0.0, oracle=0.0, rate_k=0, rate_n=1):
+    "A finished audit with only what `primary_tests` and the records read."
+    K = len(nulls) if K is None else K
+    return dict(key=f"v1_x_s{seed}_K{K}", version=1, dataset="synth-en", seed=seed, K=K, scale=scale,
+                checks=[dict(check="primary", condition="full", metric="female_skew", oracle_estimate=oracle)],
+                emulator_values={"full": {"female_skew": {"real": real, "nulls": list(nulls)}}})
+
+
+def test_primary_tests_three_ways(cs):
+    nulls = list(np.linspace(-1, 1, 40))
+    # beyond every null: the rank test (K = 40) rejects (p = 2/41); the t with the first 9 nulls (-1 .. -0.59, sd
+    # about 0.14) and with all 40 reject too
+    got = cs.primary_tests([_ev_audit(1.5, nulls)])
+    assert set(got) == {"t, K = 9", "t, K = 40", "rank, K = 40"}
+    assert all(v["k"] == 1 and v["n"] == 1 for v in got.values())
+    # inside the nulls' range: the rank test cannot reject, whatever the t says
+    got = cs.primary_tests([_ev_audit(0.99, nulls), _ev_audit(-1.5, nulls, seed=2)])
+    assert got["rank, K = 40"]["k"] == 1 and got["rank, K = 40"]["n"] == 2
+    # planted: a rejection counts as power only with the oracle's sign
+    got = cs.primary_tests([_ev_audit(-1.5, nulls, scale=1.0, oracle=0.02)])
+    assert got["rank, K = 40"]["k"] == 0
+    # K = 9: one test, no rank test (2/10 is not below 0.05)
+    assert set(cs.primary_tests([_ev_audit(3.0, nulls[:9])])) == {"t, K = 9"}
+
+
+def test_level_rows_by_test(cs):
+    cell = lambda K, k, n, pt=None: dict(model="RF", K=K, n_records=3000, n_pairs_median=1300.0, case_mix=1.0,
+                                         dataset="synth-en", argmax=dict(rate=dict(k=k, n=n)),
+                                         **({"primary_tests": pt} if pt else {}))
+    rows = cs.level_rows([cell(9, 3, 40), cell(40, 1, 20, {"t, K = 9": dict(k=2, n=20)})])
+    by = {r["test"]: r for r in rows}
+    assert (by["rank"]["k"], by["rank"]["n"], by["rank"]["K"]) == (1, 20, [40])
+    assert (by["t"]["k"], by["t"]["n"], by["t"]["K"]) == (5, 60, [9, 40])   # K = 9 audits + the K = 40 ones' first 9
+
+
+def test_audit_records_survive_the_cache(cs, tmp_path):
+    import json
+    cache, rec = tmp_path / "cache", tmp_path / "audits.jsonl.gz"
+    cache.mkdir()
+    (cache / "v1_a.json").write_text(json.dumps(dict(key="v1_a", x=1)))
+    assert [r["key"] for r in cs.audit_records(cache, rec)] == ["v1_a"]
+    first = rec.read_bytes()
+    (cache / "v1_a.json").unlink()                            # a new machine: the cache is gone, the records are not
+    (cache / "v1_b.json").write_text(json.dumps(dict(key="v1_b", x=2)))
+    assert [r["key"] for r in cs.audit_records(cache, rec)] == ["v1_a", "v1_b"]
+    (cache / "v1_b.json").unlink()
+    cs.audit_records(cache, rec)
+    assert cs.audit_records(cache, rec) == [dict(key="v1_a", x=1), dict(key="v1_b", x=2)]
+    assert rec.read_bytes() != first                          # and the same audits give the same bytes:
+    again = rec.read_bytes(); cs.audit_records(cache, rec); assert rec.read_bytes() == again
+
+
+def test_carried_over(cs):
+    old = [dict(K=9, cm=1.0, n_audits=5), dict(K=9, cm=2.0, n_audits=4)]
+    new = [dict(K=9, cm=2.0, n_audits=1)]
+    got = cs.carried_over(old, new, lambda c: (c["K"], c["cm"]))
+    assert len(got) == 1 and got[0]["cm"] == 1.0 and "not kept" in got[0]["records"]

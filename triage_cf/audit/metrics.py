@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 from scipy.special import ndtr, ndtri
 from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.contingency_tables import Table2x2
@@ -31,9 +31,10 @@ __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONA
            'nmdf_expected', 'bootstrap_metrics', 'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci',
            'fitness_verdict', 'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2',
            'or_table_from_counts', 'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null',
-           'null_comparison', 'add_null_columns', 'null_false_positive', 'mde', 'null_test', 'training_ci',
-           'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table', 'figure3_forest',
-           'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
+           'null_comparison', 'add_null_columns', 'null_false_positive', 'mde', 'rank_p', 'rank_decides', 'rank_mde',
+           'null_test', 'training_ci', 'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table',
+           'figure3_forest', 'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics',
+           'metrics_from_csv']
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -606,12 +607,44 @@ def mde(null_sd: float, n_null: int, n_real: int = 1, alpha: float = 0.05, power
     crit = stats.t.ppf(1 - alpha / 2 if alternative == "two-sided" else 1 - alpha, df)
     return float((crit + stats.t.ppf(power, df)) * null_sd * np.sqrt(1 / n_real + 1 / n_null))
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #7a1c0e01
+def rank_p(real: float, null, alternative: str = "two-sided") -> float:
+    """The exact rank p-value of one real estimate among $K$ null ones: $p = (1 + \\#\\{k: \\theta_{0k} \\ge \\theta\\})
+    /(K+1)$ (`greater`; two-sided: twice the smaller tail, at most 1). Under exchangeability $P(p \\le a) \\le a$ at
+    any $K$, whatever the metric's distribution (ties counted against the real emulator)."""
+    null = np.asarray(null, dtype=float)
+    ge, le = (1 + (null >= real).sum()) / (len(null) + 1), (1 + (null <= real).sum()) / (len(null) + 1)
+    return float(ge if alternative == "greater" else min(1.0, 2 * min(ge, le)))
+
+def rank_decides(n_null: int, alternative: str = "two-sided", alpha: float = 0.05) -> bool:
+    "Whether the rank p-value can fall below `alpha` with $K$ nulls: $2/(K+1) < \\alpha$ ($K \\ge 40$ at 0.05), one-sided $1/(K+1)$."
+    return (2 if alternative == "two-sided" else 1) / (n_null + 1) < alpha
+
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #7a1c0e03
+def rank_mde(null_sd: float, n_null: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable effect of the two-sided rank test (`rank_p`, $R = 1$) when the estimates are normal with
+    spread $s$: the shift $\\delta s$ at which $P(p < \\alpha) = \\pi$, with $P = \\int \\phi(z)\\,[F_{K,1-\\Phi(\\delta+z)}(c)
+    + F_{K,\\Phi(\\delta+z)}(c)]\\,dz$ ($F$ the binomial CDF, $c$ the most nulls beyond the real one that still reject)."""
+    c = -1   # the most nulls at or beyond the real estimate that still reject: 2(1 + c)/(K + 1) < alpha
+    while 2 * (c + 2) / (n_null + 1) < alpha:
+        c += 1
+    if c < 0 or not np.isfinite(null_sd):
+        return np.nan
+    z = np.linspace(-8, 8, 1601); w = stats.norm.pdf(z) * (z[1] - z[0])
+    rej = lambda d: float((w * (stats.binom.cdf(c, n_null, stats.norm.sf(d + z))
+                                + stats.binom.cdf(c, n_null, stats.norm.cdf(d + z)))).sum())
+    return float(optimize.brentq(lambda d: rej(d) - power, 0.0, 20.0) * null_sd)
+
+
 # %% ../../nbs/1_audit/08_metrics.ipynb #dd6a7047
-def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, power: float = 0.8) -> dict:
+def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, power: float = 0.8,
+              method: str = "t") -> dict:
     """Test one metric of an emulator against the same metric of $K$ null emulators (trained by the same procedure on
     sex-permuted records, scoring the same pairs). `real`: the estimates of $R \\ge 1$ trainings. Under no bias the
     real trainings are exchangeable with the null ones, so $t = (\\bar\\theta - \\bar\\theta_0) / (s_0\\sqrt{1/R + 1/K})$
-    follows Student's t with $K-1$ df (a prediction-interval test); `p_perm` is the exact rank p-value (R = 1)."""
+    follows Student's t with $K-1$ df (a prediction-interval test); `p_perm` is the exact rank p-value (R = 1).
+    `method="auto"`: the rank p-value decides (`p`, and its `rank_mde`) where `rank_decides` says it can (R = 1)."""
     real = np.asarray(real, dtype=float); real = real[np.isfinite(real)]
     null = np.asarray(null, dtype=float); null = null[np.isfinite(null)]
     R, K = len(real), len(null)
@@ -626,9 +659,13 @@ def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, p
                null_mean=m, null_sd=s, effect=out["estimate"] - m,
                mde=mde(s, K, R, alpha, power, alternative) if s > 0 else np.nan)
     if R == 1:
-        ge, le = (1 + (null >= real[0]).sum()) / (K + 1), (1 + (null <= real[0]).sum()) / (K + 1)
-        out["p_perm"] = ge if alternative == "greater" else min(1.0, 2 * min(ge, le))
-    if s > 0:
+        out["p_perm"] = rank_p(real[0], null, alternative)
+    if method == "auto" and R == 1 and rank_decides(K, alternative, alpha):
+        out.update(p=out["p_perm"], p_method=f"exact rank, K = {K}",
+                   mde=rank_mde(s, K, alpha, power) if alternative == "two-sided" and s > 0 else out["mde"])
+        if s > 0:
+            out["t"] = out["effect"] / (s * np.sqrt(1 + 1 / K))
+    elif s > 0:
         t = out["effect"] / (s * np.sqrt(1 / R + 1 / K))
         sf = stats.t.sf(t if alternative == "greater" else abs(t), K - 1)
         out.update(t=t, p=sf if alternative == "greater" else 2 * sf, p_method=f"predictive t, {K - 1} df")
@@ -747,10 +784,11 @@ def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.
     for (model, cond), g in est.groupby(["model", "condition"], sort=False):
         r, n = g[g.kind == "real"], g[g.kind == "null"]
         for m in TESTED_METRICS + (EXPECTED_METRICS if "NMDF_expected" in g.columns else ()):
-            t = null_test(r[m], n[m], _alternative(m), alpha, power)
+            primary = (cond, m) == PRIMARY_CHECK
+            t = null_test(r[m], n[m], _alternative(m), alpha, power, method="auto" if primary else "t")
             lo, hi = training_ci(r[m], r[f"se_{m}"], t["null_sd"], confidence)
             rows.append(dict(model=model, condition=cond, metric=m,
-                             check="primary" if (cond, m) == PRIMARY_CHECK else "secondary", ci_low=lo, ci_high=hi,
+                             check="primary" if primary else "secondary", ci_low=lo, ci_high=hi,
                              n_pairs=int(r.n_pairs.iloc[0]), fit_for_audit=fit.get(model, pd.NA),
                              **{k: v for k, v in t.items() if k in PERMUTATION_COLUMNS}))
     return _decide(pd.DataFrame(rows), alpha)[PERMUTATION_COLUMNS]

@@ -577,11 +577,13 @@ def detectable_size(target: float, model: str = "RF", case_mix: float = 1.0, sta
 
 # %% ../../nbs/1_audit/11_plan.ipynb #e8a2d5f1
 def measured_level(n_pairs: float, model: str = "RF", alpha: float = 0.05, upper: float = 0.10,
-                   rows: list[dict] | None = None) -> dict:
+                   rows: list[dict] | None = None, test: str = "t") -> dict:
     "The calibration's false-positive rate of `model`'s primary check at the size nearest `n_pairs`, and whether verified."
-    rs = [r for r in (calibration_level() if rows is None else rows) if r["model"] == model and r["n"] > 0]
+    rs = [r for r in (calibration_level() if rows is None else rows)
+          if r["model"] == model and r.get("test", "t") == test and r["n"] > 0]
     if not rs or not n_pairs or n_pairs <= 0:
-        return dict(model=model, measured=False, verified=False, why=f"no nothing-planted calibration of {model}")
+        return dict(model=model, measured=False, verified=False,
+                    why=f"no nothing-planted calibration of {model} with the {test} test")
     r = min(rs, key=lambda r: abs(np.log(r["n_pairs"] / n_pairs)))
     lo, hi = proportion_confint(r["k"], r["n"], alpha=0.05, method="beta")
     near = abs(np.log(r["n_pairs"] / n_pairs)) <= np.log(2)

@@ -380,7 +380,8 @@ def _test_clause(r) -> str:
 
 def _level_clause(r) -> str:
     "' (the test's level at this size: 1/60 false findings … ; not verified …)' for a finding, from the measured curve."
-    lv = measured_level(num(r.get("n_pairs", np.nan)), str(r.get("model", "")))
+    rank = str(r.get("test", "") or "").startswith("exact rank")   # which test decided (`null_test`'s p_method)
+    lv = measured_level(num(r.get("n_pairs", np.nan)), str(r.get("model", "")), test="rank" if rank else "t")
     if not lv["measured"]:
         return f" (the test's level is not measured for {r.get('model', 'this model')}: a lead, not yet a finding)"
     return (f" (the test's level at this size: {lv['why']}" +
