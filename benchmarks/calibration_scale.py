@@ -789,9 +789,10 @@ def figure_power(cells: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from triage_cf.audit.metrics import rank_decides   # the curve of the predictive t (the rank test's K: a table)
     df = pd.DataFrame([dict(model=c["model"], n=c["n_records"], case_mix=c["case_mix"], scale=c["scale"], stat=s,
                             rate=(c[s]["power_oracle_sign"] or c[s]["rate"])["rate"], mde=c[s]["mde_median"])
-                       for c in cells if release_design(c, curve_design(cells))
+                       for c in cells if release_design(c, curve_design(cells)) and not rank_decides(c["K"])
                        for s in ("argmax", "expected") if c[s]["rate"]["n"]])
     if df.empty:
         return
@@ -815,7 +816,7 @@ def figure_power(cells: list[dict], path: Path) -> None:
         axes[1, j].set(xscale="log", yscale="log", xlabel="records", ylabel="median MDE, nothing planted" if j == 0 else "")
     axes[0, 0].legend(fontsize=6)
     axes[1, 0].legend(fontsize=7)
-    fig.suptitle("Conditional null (notes' propensity, sex-marked records fixed), K null emulators: level, power, MDE",
+    fig.suptitle("Conditional null (notes' propensity, sex-marked records fixed), predictive t: level, power, MDE",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
