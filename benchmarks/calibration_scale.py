@@ -705,7 +705,8 @@ def summarise(cache: Path = CACHE, result: Path = RESULT, figure: Path = FIGURE,
     n_carried = sum(c["n_audits"] for c in cells if "records" in c)
     paired = paired_designs(rs)
     out = dict(benchmark="calibration_scale", version=VERSION, alpha=alpha, models=sorted({c["model"] for c in cells}),
-               n_audits=len(audits) + n_carried, n_audit_records=len(audits), machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+               n_audits=len(audits) + n_carried, n_audit_records=len(audits),
+               machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
                covers=sorted({f"{c['model']} {c['dataset']} n={c['n_records']}" for c in cells}),
                note=("Partial: the cells listed are the ones measured; sizes, case mixes and arms not listed are not "
                      "measured here, and the FT emulator is GPU-only (not on this curve)."),
@@ -746,7 +747,8 @@ def level_rows(cells: list[dict]) -> list[dict]:
         parts = [("rank" if rank else "t", c["argmax"]["rate"])]
         parts += [("t", c["primary_tests"]["t, K = 9"])] if rank and "t, K = 9" in c.get("primary_tests", {}) else []
         for test, rate in parts:
-            g = got.setdefault((c["model"], test, c["n_records"]), dict(k=0, n=0, pairs=[], cm=set(), ds=set(), K=set()))
+            g = got.setdefault((c["model"], test, c["n_records"]),
+                               dict(k=0, n=0, pairs=[], cm=set(), ds=set(), K=set()))
             g["k"] += rate["k"]; g["n"] += rate["n"]; g["pairs"].append(c["n_pairs_median"])
             g["cm"].add(c["case_mix"]); g["ds"].add(c["dataset"]); g["K"].add(c["K"])
     return [dict(model=m, test=t, n_records=n, n_pairs=float(np.median(g["pairs"])), k=g["k"], n=g["n"],

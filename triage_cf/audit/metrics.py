@@ -609,23 +609,26 @@ def mde(null_sd: float, n_null: int, n_real: int = 1, alpha: float = 0.05, power
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #7a1c0e01
 def rank_p(real: float, null, alternative: str = "two-sided") -> float:
-    """The exact rank p-value of one real estimate among $K$ null ones: $p = (1 + \\#\\{k: \\theta_{0k} \\ge \\theta\\})
-    /(K+1)$ (`greater`; two-sided: twice the smaller tail, at most 1). Under exchangeability $P(p \\le a) \\le a$ at
-    any $K$, whatever the metric's distribution (ties counted against the real emulator)."""
+    """The exact rank p-value of one real estimate among $K$ null ones:
+    $p = (1 + \\#\\{k: \\theta_{0k} \\geq \\theta\\})/(K+1)$ (`greater`; two-sided: twice the smaller tail, at most 1).
+    Under exchangeability $P(p \\leq a) \\leq a$ at any $K$, whatever the metric's distribution (ties counted
+    against the real emulator)."""
     null = np.asarray(null, dtype=float)
     ge, le = (1 + (null >= real).sum()) / (len(null) + 1), (1 + (null <= real).sum()) / (len(null) + 1)
     return float(ge if alternative == "greater" else min(1.0, 2 * min(ge, le)))
 
 def rank_decides(n_null: int, alternative: str = "two-sided", alpha: float = 0.05) -> bool:
-    "Whether the rank p-value can fall below `alpha` with $K$ nulls: $2/(K+1) < \\alpha$ ($K \\ge 40$ at 0.05), one-sided $1/(K+1)$."
+    """Whether the rank p-value can fall below `alpha` with $K$ nulls: $2/(K+1) < \\alpha$ ($K \\geq 40$ at 0.05),
+    one-sided $1/(K+1) < \\alpha$."""
     return (2 if alternative == "two-sided" else 1) / (n_null + 1) < alpha
 
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #7a1c0e03
 def rank_mde(null_sd: float, n_null: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Minimum detectable effect of the two-sided rank test (`rank_p`, $R = 1$) when the estimates are normal with
-    spread $s$: the shift $\\delta s$ at which $P(p < \\alpha) = \\pi$, with $P = \\int \\phi(z)\\,[F_{K,1-\\Phi(\\delta+z)}(c)
-    + F_{K,\\Phi(\\delta+z)}(c)]\\,dz$ ($F$ the binomial CDF, $c$ the most nulls beyond the real one that still reject)."""
+    """Minimum detectable effect of the two-sided rank test (`rank_p`, $R = 1$) when the estimates are normal
+    with spread $s$: the shift $\\delta s$ at which $P(p < \\alpha) = \\pi$, with
+    $P = \\int \\phi(z)\\,[F_{K,1-\\Phi(\\delta+z)}(c) + F_{K,\\Phi(\\delta+z)}(c)]\\,dz$ ($F$ the binomial CDF, $c$
+    the most nulls beyond the real one that still reject)."""
     c = -1   # the most nulls at or beyond the real estimate that still reject: 2(1 + c)/(K + 1) < alpha
     while 2 * (c + 2) / (n_null + 1) < alpha:
         c += 1
@@ -641,7 +644,7 @@ def rank_mde(null_sd: float, n_null: int, alpha: float = 0.05, power: float = 0.
 def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, power: float = 0.8,
               method: str = "t") -> dict:
     """Test one metric of an emulator against the same metric of $K$ null emulators (trained by the same procedure on
-    sex-permuted records, scoring the same pairs). `real`: the estimates of $R \\ge 1$ trainings. Under no bias the
+    sex-permuted records, scoring the same pairs). `real`: the estimates of $R \\geq 1$ trainings. Under no bias the
     real trainings are exchangeable with the null ones, so $t = (\\bar\\theta - \\bar\\theta_0) / (s_0\\sqrt{1/R + 1/K})$
     follows Student's t with $K-1$ df (a prediction-interval test); `p_perm` is the exact rank p-value (R = 1).
     `method="auto"`: the rank p-value decides (`p`, and its `rank_mde`) where `rank_decides` says it can (R = 1)."""
