@@ -562,9 +562,10 @@ def primary_tests(fit: list[dict], alpha: float = 0.05) -> dict:
         if not ev or prim is None:
             continue
         sign = np.sign(prim["oracle_estimate"]) if r["scale"] > 0 else 0
-        runs = [(f"t, K = {min(9, r['K'])}", ev["nulls"][:9], "t"), (f"t, K = {r['K']}", ev["nulls"], "t")]
-        runs += [(f"rank, K = {r['K']}", ev["nulls"], "auto")] if rank_decides(r["K"], alpha=alpha) else []
-        for name, nulls, method in dict((n, (n, v, m)) for n, v, m in runs).values():
+        runs = {f"t, K = {min(9, r['K'])}": (ev["nulls"][:9], "t"), f"t, K = {r['K']}": (ev["nulls"], "t")}
+        if rank_decides(r["K"], alpha=alpha):
+            runs[f"rank, K = {r['K']}"] = (ev["nulls"], "auto")
+        for name, (nulls, method) in runs.items():   # a dict: K = 9 names one test once
             t = null_test([ev["real"]], nulls, alpha=alpha, method=method)
             hit = t["p"] < alpha and (sign == 0 or np.sign(t["effect"]) == sign)
             tests.setdefault(name, []).append(bool(hit))

@@ -663,15 +663,14 @@ def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, p
                mde=mde(s, K, R, alpha, power, alternative) if s > 0 else np.nan)
     if R == 1:
         out["p_perm"] = rank_p(real[0], null, alternative)
+    if s > 0:
+        out["t"] = out["effect"] / (s * np.sqrt(1 / R + 1 / K))
     if method == "auto" and R == 1 and rank_decides(K, alternative, alpha):
         out.update(p=out["p_perm"], p_method=f"exact rank, K = {K}",
                    mde=rank_mde(s, K, alpha, power) if alternative == "two-sided" and s > 0 else out["mde"])
-        if s > 0:
-            out["t"] = out["effect"] / (s * np.sqrt(1 + 1 / K))
     elif s > 0:
-        t = out["effect"] / (s * np.sqrt(1 / R + 1 / K))
-        sf = stats.t.sf(t if alternative == "greater" else abs(t), K - 1)
-        out.update(t=t, p=sf if alternative == "greater" else 2 * sf, p_method=f"predictive t, {K - 1} df")
+        sf = stats.t.sf(out["t"] if alternative == "greater" else abs(out["t"]), K - 1)
+        out.update(p=sf if alternative == "greater" else 2 * sf, p_method=f"predictive t, {K - 1} df")
     elif R == 1:
         out.update(p=out["p_perm"], p_method="exact permutation rank (the null emulators agree exactly)")
     else:
