@@ -514,7 +514,7 @@ def leave_one_null_out(results: list[dict], cache: Path) -> dict:
     above it is what the real-vs-null asymmetry adds (its own hyperparameter search, its records' original notes)."""
     from statsmodels.stats.multitest import multipletests
     from triage_cf.data import load_records
-    from triage_cf.audit.metrics import PRIMARY_CHECK, TESTED_METRICS, VIEWS, _alternative, null_test, point_metrics
+    from triage_cf.audit.metrics import PRIMARY_CHECK, TESTED_METRICS, VIEWS, metric_alternative, null_test, point_metrics
     fit = [r for r in results if r["scale"] == 0 and r["fit_for_audit"]]
     prim = sec = fam = n_sets = n_sec = 0
     for r in fit:
@@ -538,7 +538,7 @@ def leave_one_null_out(results: list[dict], cache: Path) -> dict:
             theta.append(row)
         T = pd.DataFrame(theta)
         for k in range(len(T)):
-            ps = {c: null_test([T.loc[k, c]], T.drop(index=k)[c].to_numpy(), _alternative(c.split("/")[1]))["p"]
+            ps = {c: null_test([T.loc[k, c]], T.drop(index=k)[c].to_numpy(), metric_alternative(c.split("/")[1]))["p"]
                   for c in T.columns}
             p0 = ps.pop("/".join(PRIMARY_CHECK))
             q = multipletests(np.array(list(ps.values())), method="fdr_bh")[1]

@@ -1,4 +1,4 @@
-"""The run's report (nbs/1_audit/12_report.ipynb -> triage_cf/audit/report.py) read as a reader would: every table and figure of the
+"""The run's report (nbs/1_audit/13_report.ipynb -> triage_cf/audit/report.py) read as a reader would: every table and figure of the
 run exactly once, in the paper's order, summary first, unfit models greyed, figures as embedded PNGs, offline, narrow,
 and a valid report for runs that have only some stages (margins, tbias, an older run without the new columns)."""
 from __future__ import annotations

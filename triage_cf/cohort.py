@@ -19,7 +19,7 @@ from .rewrite import LANGS, sex_specific_matches, sex_specific_terms
 
 # %% auto #0
 __all__ = ['COHORT_RULES', 'load_terms', 'term_hits', 'class_match', 'term_word_hits', 'expand_rules', 'CohortResult',
-           'apply_cohort', 'check_cohort', 'cohort_flow_figure']
+           'apply_cohort', 'check_cohort', 'cohort_flow_figure', 'complaint_categories']
 
 # %% ../nbs/0_shared/05_cohort.ipynb #b20a78de
 def load_terms(name: str | Path) -> list[str]:
@@ -242,3 +242,19 @@ def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
     if title:
         ax.set_title(title, fontsize=11)
     return fig
+
+# %% ../nbs/0_shared/05_cohort.ipynb #c0c4a7e2
+def complaint_categories(complaints: pd.Series, lang: str = "en", table: str = "complaint_categories_v1.tsv") -> pd.Series:
+    "The category of each complaint (first matching row of the mapping table for `lang`; `other` when none matches)."
+    path = Path(table) if Path(table).is_file() else resource_path("margins", str(table))
+    m = pd.read_csv(path, sep="\t", comment="#", dtype=str, keep_default_na=False)
+    m = m[m["lang"] == ("fr" if str(lang).lower().startswith("fr") else "en")]
+    if not len(m):
+        raise ValueError(f"complaint category table {table}: no rows for language {lang!r}")
+    text = complaints.astype("string").fillna("")
+    out, done = pd.Series("other", index=complaints.index, dtype=object), pd.Series(False, index=complaints.index)
+    for cat, pat in m.assign(o=m["order"].astype(int)).sort_values("o")[["category", "pattern"]].itertuples(index=False):
+        rx = re.compile(pat, re.IGNORECASE)
+        hit = text.map(lambda s: bool(rx.search(s))).astype(bool) & ~done
+        out[hit], done = cat, done | hit
+    return out

@@ -21,8 +21,8 @@ from .core import VIEWS, read_yaml, resource_path
 __all__ = ['CC_CLASSES', 'SEX_SPECIFIC_CC', 'BETA_MISSING_CC', 'SEVERITY_PHRASES', 'CUTPOINTS', 'LEVELS', 'LANG_OFFSET',
            'LANG_SCALE', 'TEXT_FIELDS', 'ORACLE_COLUMNS', 'DEFAULT_KNOBS', 'ORACLE_KNOBS', 'RAW_COLUMNS',
            'EXTRA_COLUMNS', 'OTHER_SEX_COLUMNS', 'CUE_COLUMN', 'SEX_SPECIFIC_COLUMN', 'CASE_MIX_BY_SEX', 'text_sex_cue',
-           'severity_phrases', 'oracle_latent', 'oracle_proba', 'oracle_predict', 'render', 'other_sex_columns',
-           'class_weights', 'generate_raw', 'exact_counterfactual_pair']
+           'severity_phrases', 'local_codes', 'oracle_latent', 'oracle_proba', 'oracle_predict', 'render',
+           'other_sex_columns', 'class_weights', 'generate_raw', 'exact_counterfactual_pair']
 
 # %% ../nbs/0_shared/03_synth.ipynb #35f67d2c
 def _resource(name: str):
@@ -142,13 +142,18 @@ ORACLE_COLUMNS = ["sex", "age", "hr", "rr", "sbp", "spo2", "temp_c", "gcs", "pai
 DEFAULT_KNOBS = {
     "fr": dict(bias_tab=0.009, bias_text=0.009, noise_scale=0.2, no_cue_share=0.2, share_female=0.46,
                age_mean=47.5, age_sd=22.6, share_minor=0.02, share_missing=0.04, share_sex_specific_cc=0.03,
-               share_appendix_terms=0.03, share_before_2016=1 / 3, typo_rate=0.15, case_mix_by_sex=1.0),
+               share_appendix_terms=0.03, share_before_2016=1 / 3, typo_rate=0.15, case_mix_by_sex=1.0, bias_local=0.0,
+               bias_local_cc=""),
     "en": dict(bias_tab=0.014, bias_text=0.014, noise_scale=0.2, no_cue_share=0.3, share_female=0.555,
                age_mean=60.8, age_sd=18.5, share_minor=0.02, share_missing=0.04, share_sex_specific_cc=0.03,
-               share_appendix_terms=0.03, typo_rate=0.15, case_mix_by_sex=1.0),
+               share_appendix_terms=0.03, typo_rate=0.15, case_mix_by_sex=1.0, bias_local=0.0, bias_local_cc=""),
 }
 #: the knobs of the labelling process (the oracle's); the other knobs only shape the records
-ORACLE_KNOBS = ("bias_tab", "bias_text", "noise_scale")
+ORACLE_KNOBS = ("bias_tab", "bias_text", "noise_scale", "bias_local", "bias_local_cc")
+
+def local_codes(knobs: Mapping) -> list[str]:
+    "The complaint classes (codes) where `bias_local` acts: the knob `bias_local_cc`, comma-separated."
+    return [c.strip() for c in str(knobs.get("bias_local_cc") or "").split(",") if c.strip()]
 
 def _knobs(lang: str, given: Mapping) -> dict:
     "Defaults of `lang` overridden by the non-None `given` knobs; unknown knobs are an error."
@@ -161,6 +166,10 @@ def _knobs(lang: str, given: Mapping) -> dict:
     out.update({k: v for k, v in given.items() if v is not None})
     if not out["noise_scale"] > 0:
         raise ValueError(f"noise_scale must be > 0, got {out['noise_scale']}")
+    unknown_cc = sorted(set(local_codes(out)) - set(_BETA))
+    if unknown_cc or (out["bias_local"] != 0 and not local_codes(out)):
+        raise ValueError(f"knob bias_local_cc must name the complaint classes of bias_local (codes of "
+                         f"complaint_classes.yaml, comma-separated), got {out['bias_local_cc']!r}")
     if not 0 <= out["case_mix_by_sex"] <= 5:
         raise ValueError(f"knob case_mix_by_sex must be in [0, 5], got {out['case_mix_by_sex']}")
     for k, v in out.items():
@@ -229,6 +238,8 @@ def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: 
     mu = LANG_OFFSET[lang] + LANG_SCALE[lang] * mu
     mu += kn["bias_tab"] * np.array([s == "F" for s in sex], dtype=float)
     mu += kn["bias_text"] * np.array([text_sex_cue(t, lang) == "F" for t in texts], dtype=float)
+    if kn["bias_local"]:   # the localised effect: the recorded sex F, in the classes of bias_local_cc only
+        mu += kn["bias_local"] * (np.array([s == "F" for s in sex]) & np.isin(np.array(cc, dtype=object), local_codes(kn)))
     return mu
 
 # %% ../nbs/0_shared/03_synth.ipynb #715c69b4

@@ -23,15 +23,16 @@ from ..core import VIEWS, atomic_write_text
 from .predict import expected_level
 
 # %% auto #0
-__all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL', 'TABLE3_COLUMNS',
-           'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS', 'PRETRAINING_METRICS',
-           'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'EXPECTED_METRICS',
-           'PERMUTATION_COLUMNS', 'TEST_COLUMNS', 'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS', 'FIGURE4_METRICS',
-           'pdr', 'p_up', 'p_down', 'dts', 'nats_up', 'nats_down', 'nmdf', 'female_skew', 'point_metrics',
-           'nmdf_expected', 'bootstrap_metrics', 'validate_prediction_pairs', 'table3', 'format_table3', 'kappa_w_ci',
-           'fitness_verdict', 'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2',
-           'or_table_from_counts', 'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null',
-           'null_comparison', 'add_null_columns', 'null_false_positive', 'mde', 'rank_p', 'rank_decides', 'rank_mde',
+__all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'PAIR_SUMS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL',
+           'TABLE3_COLUMNS', 'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS',
+           'PRETRAINING_METRICS', 'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK',
+           'EXPECTED_METRICS', 'PERMUTATION_COLUMNS', 'TEST_COLUMNS', 'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS',
+           'FIGURE4_METRICS', 'pdr', 'p_up', 'p_down', 'dts', 'nats_up', 'nats_down', 'nmdf', 'female_skew',
+           'point_metrics', 'nmdf_expected', 'pair_sums', 'metrics_from_sums', 'bootstrap_metrics',
+           'validate_prediction_pairs', 'group_rng', 'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict',
+           'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts',
+           'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison',
+           'add_null_columns', 'null_false_positive', 'metric_alternative', 'mde', 'rank_p', 'rank_decides', 'rank_mde',
            'null_test', 'training_ci', 'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table',
            'figure3_forest', 'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics',
            'metrics_from_csv']
@@ -126,17 +127,17 @@ def nmdf_expected(orig_sex, e_orig, e_cf) -> float:
     return _mean(np.where(s == "M", ec - eo, eo - ec))
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #9c7eeb2e
-_SUMS = ("n_M", "n_F", "up_M", "down_M", "up_F", "down_F", "fm")
+PAIR_SUMS = ("n_M", "n_F", "up_M", "down_M", "up_F", "down_F", "fm")
 
-def _pair_sums(is_male: np.ndarray, diff: np.ndarray) -> np.ndarray:
+def pair_sums(is_male: np.ndarray, diff: np.ndarray) -> np.ndarray:
     "Per-pair (or per-category) contributions to the seven sums; `diff` = y' - y. Shape (n, 7)."
     m, f = is_male.astype(np.float64), 1.0 - is_male.astype(np.float64)
     up, down = (diff > 0).astype(np.float64), (diff < 0).astype(np.float64)
     return np.stack([m, f, up * m, down * m, up * f, down * f, np.where(is_male, diff, -diff).astype(np.float64)], axis=-1)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #37c0e0f5
-def _metrics_from_sums(S: np.ndarray) -> np.ndarray:
-    "Metrics (last axis in `METRICS` order) from sums (last axis in `_SUMS` order); any leading shape."
+def metrics_from_sums(S: np.ndarray) -> np.ndarray:
+    "Metrics (last axis in `METRICS` order) from sums (last axis in `PAIR_SUMS` order); any leading shape."
     nM, nF, uM, dM, uF, dF, fm = (S[..., i] for i in range(7))
     with np.errstate(invalid="ignore", divide="ignore"):
         n = nM + nF
@@ -161,7 +162,7 @@ def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np
     draws = rng.multinomial(n, counts / n, size=n_boot).astype(np.float64) if n_boot > 0 else np.zeros((0, len(counts)))
     obs, boot, jack = [], [], []
     for v in range(diffs.shape[1]):
-        F = _pair_sums(cats[:, 0].astype(bool), cats[:, 1 + v])   # (K, 7)
+        F = pair_sums(cats[:, 0].astype(bool), cats[:, 1 + v])   # (K, 7)
         o = counts.astype(np.float64) @ F
         obs.append(o); boot.append(draws @ F); jack.append(o[None, :] - F)
     return np.stack(obs), np.stack(boot), np.stack(jack), counts
@@ -172,7 +173,7 @@ def _cluster_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.r
     P = len(uniq)
     Fc = np.zeros((diffs.shape[1], P, 7))
     for v in range(diffs.shape[1]):
-        np.add.at(Fc[v], codes, _pair_sums(is_male, diffs[:, v]))
+        np.add.at(Fc[v], codes, pair_sums(is_male, diffs[:, v]))
     boot = np.zeros((diffs.shape[1], n_boot, 7))
     for a in range(0, n_boot, 100):
         draws = rng.multinomial(P, np.full(P, 1 / P), size=min(100, n_boot - a)).astype(np.float64)
@@ -249,8 +250,8 @@ def bootstrap_metrics(orig_sex, pred_orig, pred_cf, n_boot: int = 1000, seed: in
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     is_male = s == "M"
     obs, boot, jack, counts = _resampled_sums(is_male, (yc - y)[:, None], n_boot, rng, clusters)
-    theta = _metrics_from_sums(obs[0])
-    ci = _ci(theta, _metrics_from_sums(boot[0]), _metrics_from_sums(jack[0]), counts.astype(float), ci_method, confidence)
+    theta = metrics_from_sums(obs[0])
+    ci = _ci(theta, metrics_from_sums(boot[0]), metrics_from_sums(jack[0]), counts.astype(float), ci_method, confidence)
     n_by_dir = {"M_to_F": int(is_male.sum()), "F_to_M": int((~is_male).sum())}
     return _metric_rows(theta, *ci, n_by_dir, n_boot, s.size)
 
@@ -333,7 +334,7 @@ def validate_prediction_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.Dat
 # %% ../../nbs/1_audit/08_metrics.ipynb #13337322
 TABLE3_COLUMNS = ["model", "condition", "metric", "estimate", "ci_low", "ci_high", "n_pairs", "remark"]
 
-def _group_rng(seed: int, *names: str) -> np.random.Generator:
+def group_rng(seed: int, *names: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32("\x1f".join(names).encode("utf-8"))])
 
 def _ordered(values: Iterable[str], first: Iterable[str] = ()) -> list[str]:
@@ -352,7 +353,7 @@ def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: st
         for cond in _ordered(pm.condition, VIEWS):
             g = pm[pm.condition == cond]
             t = bootstrap_metrics(g.orig_sex.to_numpy(), g.pred_orig.to_numpy(), g.pred_cf.to_numpy(), n_boot=n_boot,
-                                  seed=_group_rng(seed, model, cond), ci_method=ci_method, confidence=confidence,
+                                  seed=group_rng(seed, model, cond), ci_method=ci_method, confidence=confidence,
                                   clusters=g.cluster_id.to_numpy() if "cluster_id" in g.columns else None)
             out.append(t.assign(model=model, condition=cond))
     return pd.concat(out, ignore_index=True)[TABLE3_COLUMNS]
@@ -415,7 +416,7 @@ def fitness_table(test_predictions: Mapping[str, pd.DataFrame], levels, n_boot: 
     kap = {}
     for m, df in test_predictions.items():
         full = df[df["view"] == "full"] if "view" in df else df
-        kap[m] = (*kappa_w_ci(full["triage_level"], full["pred"], levels, n_boot, seed=_group_rng(seed, "fitness", m)), len(full))
+        kap[m] = (*kappa_w_ci(full["triage_level"], full["pred"], levels, n_boot, seed=group_rng(seed, "fitness", m)), len(full))
     rows = []
     for m, (k, lo, hi, n) in kap.items():
         others = {b: kap[b][0] for b in BASELINE_MODELS if b in kap and b != m}
@@ -520,8 +521,8 @@ def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition
     a, b = sets[ft_model], sets[fs_model].loc[sets[ft_model].index]
     is_male = (a.orig_sex == "M").to_numpy()
     diffs = np.column_stack([(a.pred_cf - a.pred_orig).to_numpy(), (b.pred_cf - b.pred_orig).to_numpy()])
-    obs, boot, jack, counts = _resampled_sums(is_male, diffs, n_boot, _group_rng(seed, "pretraining", ft_model, fs_model, condition))
-    th, bt, jk = _metrics_from_sums(obs), _metrics_from_sums(boot), _metrics_from_sums(jack)   # (2, M), (2, B, M), (2, K, M)
+    obs, boot, jack, counts = _resampled_sums(is_male, diffs, n_boot, group_rng(seed, "pretraining", ft_model, fs_model, condition))
+    th, bt, jk = metrics_from_sums(obs), metrics_from_sums(boot), metrics_from_sums(jack)   # (2, M), (2, B, M), (2, K, M)
     n_by_dir = {"M_to_F": int(is_male.sum()), "F_to_M": int((~is_male).sum())}
     parts = []
     for label, t, bb, jj in ((ft_model, th[0], bt[0], jk[0]), (fs_model, th[1], bt[1], jk[1]),
@@ -592,7 +593,7 @@ TESTED_METRICS = ("female_skew", "PDR", "NMDF", "NATS_up", "NATS_down")
 #: The pre-declared primary check of every model (the paper's headline), tested at alpha without adjustment.
 PRIMARY_CHECK = ("full", "female_skew")
 
-def _alternative(metric: str) -> str:
+def metric_alternative(metric: str) -> str:
     return "greater" if metric == "PDR" else "two-sided"
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #941dee4f
@@ -699,11 +700,11 @@ def _set_estimates(g: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tu
     is_male = (g.orig_sex == "M").to_numpy()
     diff = (g.pred_cf.to_numpy(np.int64) - g.pred_orig.to_numpy(np.int64))[:, None]
     obs, boot, _, _ = _resampled_sums(is_male, diff, n_boot, rng, g.cluster_id.to_numpy() if "cluster_id" in g else None)
-    b = _metrics_from_sums(boot[0])
+    b = metrics_from_sums(boot[0])
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         se = np.nanstd(b, axis=0, ddof=1) if len(b) > 1 else np.full(b.shape[1], np.nan)
-    return _metrics_from_sums(obs[0]), se
+    return metrics_from_sums(obs[0]), se
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #881fdb9e
 def _replicates(df: pd.DataFrame, col: str, source: str) -> dict[str, pd.DataFrame]:
@@ -738,7 +739,7 @@ def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) 
                     if miss:
                         raise ValueError(f"{source}: null emulator {sid!r} ({model}, {cond}) does not score the real "
                                          f"model's pairs: {miss} pair_id(s) in one and not the other")
-                theta, se = _set_estimates(g, n_boot if kind == "real" else 1, _group_rng(seed, kind, sid, model, cond))
+                theta, se = _set_estimates(g, n_boot if kind == "real" else 1, group_rng(seed, kind, sid, model, cond))
                 est.append(dict(kind=kind, sid=sid, model=model, condition=cond, n_pairs=len(g),
                                 **{m: theta[METRICS.index(m)] for m in METRICS},
                                 **{f"se_{m}": se[METRICS.index(m)] for m in METRICS}, **_expected_estimate(g)))
@@ -787,7 +788,7 @@ def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.
         r, n = g[g.kind == "real"], g[g.kind == "null"]
         for m in TESTED_METRICS + (EXPECTED_METRICS if "NMDF_expected" in g.columns else ()):
             primary = (cond, m) == PRIMARY_CHECK
-            t = null_test(r[m], n[m], _alternative(m), alpha, power, method="auto" if primary else "t")
+            t = null_test(r[m], n[m], metric_alternative(m), alpha, power, method="auto" if primary else "t")
             lo, hi = training_ci(r[m], r[f"se_{m}"], t["null_sd"], confidence)
             rows.append(dict(model=model, condition=cond, metric=m,
                              check="primary" if primary else "secondary", ci_low=lo, ci_high=hi,

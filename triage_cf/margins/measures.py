@@ -27,10 +27,9 @@ __all__ = ['VITAL_FIELDS', 'FLOW_COLUMNS', 'VARIANTS', 'BASELINE', 'LABELLED', '
            'DISTRACTORS', 'SEED_BRANCH_NAMES', 'CRR_CLASSES', 'CRR_REASONS', 'SYCOPHANCY_VERDICTS', 'GAP_CAUSES',
            'WILCOXON_COLUMNS', 'Resource', 'load_resource', 'select_vignettes', 'load_design', 'Templates',
            'load_templates', 'vitals_text', 'answer_key', 'render_prompt', 'make_vignettes', 'check_variants',
-           'complaint_categories', 'branch_prompt', 'answer_prefix', 'written_level', 'level_offset',
-           'decision_position', 'delta_m', 'level_logprobs_from_top', 'gate', 'gate_reason', 'crr', 'crr_class',
-           'sycophancy_gap', 'sycophancy_verdict', 'gap_cause', 'answer_tokens', 'tar', 'triage_error',
-           'cluster_bootstrap_mean', 'wilcoxon_crr']
+           'branch_prompt', 'answer_prefix', 'written_level', 'level_offset', 'decision_position', 'delta_m',
+           'level_logprobs_from_top', 'gate', 'gate_reason', 'crr', 'crr_class', 'sycophancy_gap', 'sycophancy_verdict',
+           'gap_cause', 'answer_tokens', 'tar', 'triage_error', 'cluster_bootstrap_mean', 'wilcoxon_crr']
 
 # %% ../../nbs/2_margins/00_measures.ipynb #e86be8c1
 @dataclass(frozen=True)
@@ -222,24 +221,6 @@ def check_variants(vig: pd.DataFrame, tpl: Templates | None = None, source: str 
         if differ or wrong_line:
             raise ValueError(f"{source}: {differ} labelled prompt(s) differ from the baseline beyond the sex line, "
                              f"{wrong_line} lack their own sex line")
-
-# %% ../../nbs/2_margins/00_measures.ipynb #10082a84
-def complaint_categories(complaints: pd.Series, lang: str = "en", table: str = "complaint_categories_v1.tsv") -> pd.Series:
-    "The category of each complaint (first matching row of the mapping table for `lang`; `other` when none matches)."
-    m = load_resource(table).content
-    lang = "fr" if str(lang).lower().startswith("fr") else "en"
-    m = m[m["lang"] == lang].assign(order=lambda d: d["order"].astype(int)).sort_values("order")
-    if not len(m):
-        raise ValueError(f"complaint category table {table}: no rows for language {lang!r}")
-    text = complaints.astype("string").fillna("")
-    out = pd.Series("other", index=complaints.index, dtype=object)
-    done = pd.Series(False, index=complaints.index)
-    for cat, pat in zip(m["category"], m["pattern"]):
-        rx = re.compile(pat, re.IGNORECASE)
-        hit = text.map(lambda s: bool(rx.search(s))).astype(bool) & ~done
-        out[hit] = cat
-        done |= hit
-    return out
 
 # %% ../../nbs/2_margins/00_measures.ipynb #7c4d86ab
 BRANCHES = ("corrective", "clinical", "parsing", "protocol")

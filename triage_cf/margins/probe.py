@@ -28,10 +28,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from tqdm.auto import tqdm
 
+from ..cohort import complaint_categories
 from ..core import save_figure, sha256_text, write_table
 from ..llm import LLMCapabilityError, split_reasoning
 from .measures import (BASELINE, BRANCHES, DISTRACTORS, LABELLED, VARIANTS, VITAL_FIELDS, Templates, answer_key,
-                               answer_prefix, answer_tokens, branch_prompt, cluster_bootstrap_mean, complaint_categories, crr,
+                               answer_prefix, answer_tokens, branch_prompt, cluster_bootstrap_mean, crr,
                                decision_position, delta_m, GAP_CAUSES, gap_cause, gate, gate_reason, level_logprobs_from_top, level_offset,
                                crr_class, sycophancy_gap, tar, triage_error, sycophancy_verdict, wilcoxon_crr, written_level)
 

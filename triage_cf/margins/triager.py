@@ -21,9 +21,10 @@ from sklearn.metrics import mutual_info_score, normalized_mutual_info_score
 from statsmodels.stats.contingency_tables import cochrans_q, mcnemar
 from statsmodels.stats.multitest import multipletests
 
+from ..cohort import complaint_categories
 from ..core import save_figure, sha256_text, write_table
 from ..data import load_manifest, load_records
-from .measures import (complaint_categories, load_design, load_templates, make_vignettes,
+from .measures import (load_design, load_templates, make_vignettes,
                                         select_vignettes)
 
 # %% auto #0
