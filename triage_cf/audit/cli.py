@@ -1,7 +1,7 @@
-"""`triage-cf metrics`, `triage-cf swap-text` and `triage-cf plan`: the human-triage audit's commands (hand-written
+"""`triage-cf metrics`, `triage-cf swap-text`, `triage-cf plan` and `triage-cf compare`: the human-triage audit's commands (hand-written
 glue, not a stage): the bias metrics and the permutation test on your own predictions (triage_cf.audit.metrics), the
 counterfactual function g on your own notes (triage_cf.rewrite, triage_cf.audit.rewrite_llm), and a plan of a run's stages,
-sizes, memory and time before it starts (triage_cf.audit.plan)."""
+sizes, memory and time before it starts (triage_cf.audit.plan), and finished runs side by side (triage_cf.audit.compare)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..chain import parse_overrides
+from .compare import CannotCompare, compare_runs
 from .metrics import metrics_from_csv
 from .plan import PlanRefused, detectable_size, format_plan, plan
 from ..rewrite import SexSpecificContent
@@ -27,6 +28,17 @@ def _cmd_metrics(args) -> int:
         return 2
     for name, path in written.items():
         print(f"{name}: {path}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    try:
+        written = compare_runs(args.runs, args.out)
+    except CannotCompare as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for kind, path in written.items():
+        print(f"{kind}: {path}")
     return 0
 
 
@@ -102,7 +114,7 @@ def detect_sentence(points: float, case_mix: float, model: str = "RF") -> str:
 
 
 def register(sub) -> None:
-    "Add the `metrics`, `swap-text` and `plan` subcommands to the `triage-cf` parser's subparsers."
+    "Add the `metrics`, `swap-text`, `plan` and `compare` subcommands to the `triage-cf` parser's subparsers."
     m = sub.add_parser("metrics", help="bias metrics with bootstrap CIs from your own pairs CSV")
     m.add_argument("--pairs", required=True, help="CSV with pair_id, orig_sex (F|M), pred_orig, pred_cf, condition [, true_level, model]")
     m.add_argument("--out", required=True, help="output folder (metrics.csv, and per-level tables when true_level is given)")
@@ -157,3 +169,7 @@ def register(sub) -> None:
     p.add_argument("--detect-model", choices=["RF", "MLP"], default="RF",
                    help="with --detect: the emulator whose measured curve answers (the FT emulator is GPU-only, not on it)")
     p.set_defaults(func=_cmd_plan)
+    c = sub.add_parser("compare", help="finished runs side by side: Table 3, the audit's test and fitness across runs")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (runs/<dataset>/<profile>), at least 2")
+    c.add_argument("--out", required=True, help="output folder (comparison.csv, comparison.md, comparison.png)")
+    c.set_defaults(func=_cmd_compare)
