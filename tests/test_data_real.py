@@ -92,6 +92,16 @@ def test_ktas_cohort(ktas):
     assert tc["vagin"] == 15 and tc["scrot"] == 1 and tc["penil"] == 1
 
 
+def test_ktas_complaint_categories(ktas):
+    "The audit's complaint map on the real open KTAS complaints: most land in a named category, the large ones present."
+    from triage_cf.cohort import complaint_categories
+    m, rec, dq = ktas
+    cat = complaint_categories(rec["cc_text"], m["language"], "complaint_categories_audit_v1.tsv")
+    share = cat.value_counts(normalize=True)
+    assert share["other"] < 0.25
+    assert {"chest pain", "abdominal pain", "dyspnea", "neuro", "trauma"} <= set(share[share > 0.04].index)
+
+
 def test_dataset_status():
     st = dataset_status().set_index("name")
     assert {"mimic-iv-ed-demo", "ktas-2019", "mimic-iv-ed", "chu-bordeaux"} <= set(st.index)

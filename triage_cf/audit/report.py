@@ -813,7 +813,10 @@ def _where_subgroups(rt: RunTables, fit: pd.DataFrame) -> list[str]:
     st = rt.take_table("subgroups")
     if st is None or not len(st):
         return []
-    return [table_block(render_frame(subgroup_frame(st), group_by="model"), rt.label("Table"), "Headline metrics by "
+    frame, fits = subgroup_frame(st), _fit_of(fit)
+    rc = ["unfit" if fits.get(str(m)) is False else "" for m in frame.model]
+    return [unfit_banner(fit, set(frame.model.astype(str))),
+            table_block(render_frame(frame, row_classes=rc, group_by="model"), rt.label("Table"), "Headline metrics by "
                         "subgroup (full view; points, 95% CI), each tested against the null emulators on the same "
                         "subgroup's pairs, Benjamini–Hochberg q within each family (one metric over one grouping's "
                         "subgroups). ★: a finding in a model fit for audit. In brackets: why a value is not tested.",
@@ -822,16 +825,17 @@ def _where_subgroups(rt: RunTables, fit: pd.DataFrame) -> list[str]:
                       "null emulators' 95% range; values without a test are not drawn.")]
 
 # %% ../../nbs/1_audit/13_report.ipynb #e5a1b003
-def _where_transitions(rt: RunTables) -> list[str]:
+def _where_transitions(rt: RunTables, fit: pd.DataFrame) -> list[str]:
     "The urgent-boundary crossings (tested) and the transition matrices (descriptive), full view."
     tt = rt.take_table("transitions")
     if tt is None or not len(tt):
         return []
-    wide, cross = transition_frames(tt)
-    return [table_block(render_frame(cross, group_by="model"), rt.label("Table"), "Counterfactuals that cross the "
+    (wide, cross), fits = transition_frames(tt), _fit_of(fit)
+    rc = ["unfit" if fits.get(str(m)) is False else "" for m in cross.model]
+    return [table_block(render_frame(cross, row_classes=rc, group_by="model"), rt.label("Table"), "Counterfactuals that cross the "
                         "boundary between the urgent levels (1-2) and the others (3-5), full view: share of the "
                         "direction's pairs (%) with the null emulators' 95% range, Benjamini–Hochberg q over each "
-                        "model's four crossings; ★: a finding.", "tables/transitions.csv"),
+                        "model's four crossings; ★: a finding; greyed: not fit for audit.", "tables/transitions.csv"),
             table_block(render_frame(wide, group_by="model"), rt.label("Table"), "Level transitions, full view: pairs "
                         "by original level (rows) and counterfactual level (columns), per direction (descriptive).",
                         "tables/transitions.csv", collapse_rows=20)]
@@ -839,7 +843,7 @@ def _where_transitions(rt: RunTables) -> list[str]:
 # %% ../../nbs/1_audit/13_report.ipynb #e5a1b004
 def section_where(rt: RunTables, fit: pd.DataFrame) -> str:
     "Where the bias is: subgroups, level transitions and each model's fidelity to the nurses by sex."
-    parts = _where_subgroups(rt, fit) + _where_transitions(rt)
+    parts = _where_subgroups(rt, fit) + _where_transitions(rt, fit)
     fb = rt.take_table("fidelity_by_sex")
     if fb is not None and len(fb):
         said = fidelity_sentences(fb.assign(estimate=fb.estimate.map(num), ci_low=fb.ci_low.map(num), ci_high=fb.ci_high.map(num)))
