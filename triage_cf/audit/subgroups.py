@@ -15,6 +15,7 @@ from statsmodels.stats.multitest import multipletests
 from .metrics import (METRIC_NEEDS, METRICS, PAIR_SUMS, REFERENCE_MODELS, UNTESTED, metric_alternative,
                                      group_rng, metrics_from_sums, pair_sums, bootstrap_metrics, null_test)
 from ..cohort import complaint_categories
+from ..core import MIN_CELL
 
 # %% auto #0
 __all__ = ['FAMILIES', 'COMPLAINT_TABLE', 'AGE_BANDS', 'AGE_LABELS', 'SUBGROUP_METRICS', 'MIN_SUBGROUP_PAIRS', 'SUBGROUP_COLUMNS',
@@ -127,6 +128,20 @@ def _findings(t: pd.DataFrame, fitness: pd.DataFrame | None, alpha: float) -> pd
     t["finding"] = t["fit_for_audit"] & sig & pd.array(t.estimate.ne(t.null_median), dtype="boolean")
     return t
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0019b
+_BAND = {b: i for i, b in enumerate((*AGE_LABELS, "age unknown"))}
+
+def _in_order(t: pd.DataFrame) -> pd.DataFrame:
+    "Rows by model and view as given, families in `FAMILIES` order, complaint categories largest first, bands and levels in order."
+    size = (t.n_M + t.n_F).groupby([t.family, t.subgroup]).transform("max")
+    key = [(-n, s) if f == "complaint_category" else (0, f"{int(s):02d}") if f == "true_level" else
+           (_BAND.get(s, 99), s) if f == "age_band" else (0, s.split(" ")[0] + f"{_BAND.get(s.split(' ', 1)[-1], 99):02d}")
+           for f, s, n in zip(t.family, t.subgroup, size)]
+    fam = t.family.map({f: i for i, f in enumerate(FAMILIES)}).fillna(len(FAMILIES))
+    order = pd.DataFrame({"m": pd.factorize(t.model)[0], "c": pd.factorize(t.condition)[0], "f": fam,
+                          "k0": [k[0] for k in key], "k1": [k[1] for k in key]}, index=t.index)
+    return t.loc[order.sort_values(["m", "c", "f", "k0", "k1"], kind="stable").index].reset_index(drop=True)
+
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0020
 def subgroup_table(real: pd.DataFrame, cov: pd.DataFrame, null_long: pd.DataFrame | None = None,
                    fitness: pd.DataFrame | None = None, n_boot: int = 1000, seed: int = 0,
@@ -152,7 +167,7 @@ def subgroup_table(real: pd.DataFrame, cov: pd.DataFrame, null_long: pd.DataFram
             rows.append(dict(zip(keys, key), metric=m, estimate=x, n_pairs=n, n_M=r.n_M, n_F=r.n_F, **res))
     t = pd.DataFrame(rows).merge(_subgroup_cis(real, cov, n_boot, seed, families), on=[*keys, "metric"], how="left")
     t["q"] = _bh_within(t, ["model", "condition", "family", "metric"], alpha)
-    return _findings(t.reindex(columns=SUBGROUP_COLUMNS), fitness, alpha)[SUBGROUP_COLUMNS]
+    return _in_order(_findings(t.reindex(columns=SUBGROUP_COLUMNS), fitness, alpha))[SUBGROUP_COLUMNS]
 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0024
 #: The urgent levels: a counterfactual crossing between them and the others is a risky transition.
@@ -300,7 +315,7 @@ def subgroup_frame(st: pd.DataFrame, condition: str = "full") -> pd.DataFrame:
 def figure_subgroups(st: pd.DataFrame, metric: str = "female_skew", condition: str = "full", title: str | None = None):
     "Forest figure of `metric` by subgroup (rows) for each model with a test (columns), in points."
 
-    d = st[(st.condition == condition) & (st.metric == metric) & st.p.notna()]
+    d = st[(st.condition == condition) & (st.metric == metric) & st.p.notna() & (st.n_pairs >= MIN_CELL)]
     models = list(dict.fromkeys(d.model))
     keys = list(dict.fromkeys(zip(d.family, d.subgroup)))
     fig, axes = plt.subplots(1, max(len(models), 1), figsize=(3.2 * max(len(models), 1) + 2, 0.25 * len(keys) + 1.5),
