@@ -329,7 +329,8 @@ def figure_subgroups(st: pd.DataFrame, metric: str = "female_skew", condition: s
         ax.plot(100 * g.estimate[f], y[f], "o", color="C3"); ax.plot(100 * g.estimate[~f], y[~f], "o", mfc="white", color="C0")
         ax.axvline(0, color="k", lw=0.5); ax.set_title(m); ax.set_xlabel(f"{metric} (points)")
     axes[0][0].set_yticks(np.arange(len(keys))[::-1], [f"{f.replace('_', ' ')}: {s}" for f, s in keys])
-    fig.suptitle(title or f"{metric} by subgroup ({condition} view): red, a finding; grey, null emulators' 95% range")
+    fig.suptitle((f"{title}\n" if title else "") + f"{metric} by subgroup ({condition} view): filled red, a finding; "
+                 "grey, the null emulators' 95% range")
     fig.tight_layout()
     return fig
 
