@@ -819,7 +819,8 @@ def _where_subgroups(rt: RunTables, fit: pd.DataFrame) -> list[str]:
             table_block(render_frame(frame, row_classes=rc, group_by="model"), rt.label("Table"), "Headline metrics by "
                         "subgroup (full view; points, 95% CI), each tested against the null emulators on the same "
                         "subgroup's pairs, Benjamini–Hochberg q within each family (one metric over one grouping's "
-                        "subgroups). ★: a finding in a model fit for audit. In brackets: why a value is not tested.",
+                        "subgroups). ★: an exploratory finding in a model fit for audit (no subgroup is pre-declared). "
+                        "In brackets: why a value is not tested.",
                         "tables/subgroups.csv", note="The isolated views are in the CSV.", collapse_rows=40),
             figure_of(rt, "figure_subgroups", "Female skew by subgroup (full view): filled red, a finding; grey, the "
                       "null emulators' 95% range; values without a test are not drawn.")]
