@@ -33,8 +33,8 @@ def read_run(run_dir: str | Path) -> dict:
     need = [run / "run.json"] + [run / "tables" / f"{t}.csv" for t in COMPARE_TABLES]
     missing = [str(p.relative_to(run)) for p in need if not p.is_file()]
     if not run.is_dir() or missing:
-        raise CannotCompare(f"{run}: not a finished audit run folder" + (f" (missing {', '.join(missing)})" if run.is_dir() else
-                            " (no such folder)"))
+        why = f" (missing {', '.join(missing)})" if run.is_dir() else " (no such folder)"
+        raise CannotCompare(f"{run}: not a finished audit run folder{why}")
     meta = json.loads((run / "run.json").read_text())
     t = {n: pd.read_csv(run / "tables" / f"{n}.csv", keep_default_na=False) for n in COMPARE_TABLES}
     nt = run / "tables" / "null_test.csv"
@@ -94,7 +94,8 @@ def _check_cell(r) -> str:
     return s + (f" ({r.test})" if str(getattr(r, "test", "")) else "")
 
 # %% ../../nbs/1_audit/14_compare.ipynb #a14c0013
-def comparison_table(long: pd.DataFrame, condition: str = "full", checks: Sequence[str] = HEADLINE_CHECKS) -> pd.DataFrame:
+def comparison_table(long: pd.DataFrame, condition: str = "full",
+                     checks: Sequence[str] = HEADLINE_CHECKS) -> pd.DataFrame:
     "One row per (run, model): fitness, then each check's `_check_cell` and MDE (points), the full view by default."
     d = long[(long.condition == condition) & long.metric.isin(checks)]
     rows = []
@@ -102,7 +103,8 @@ def comparison_table(long: pd.DataFrame, condition: str = "full", checks: Sequen
         g = g.set_index("metric")
         fit = str(g.fit_for_audit.iloc[0]).lower()
         row = dict(run=run, model=model, kappa_w=f"{_num(g.kappa_w.iloc[0]):.2f}",
-                   fit="reference" if model == "oracle" else {"true": "fit", "false": "not fit for audit"}.get(fit, "no verdict"))
+                   fit="reference" if model == "oracle" else
+                   {"true": "fit", "false": "not fit for audit"}.get(fit, "no verdict"))
         for c in checks:
             if c in g.index:
                 r = g.loc[c]
@@ -112,7 +114,8 @@ def comparison_table(long: pd.DataFrame, condition: str = "full", checks: Sequen
     return pd.DataFrame(rows)
 
 # %% ../../nbs/1_audit/14_compare.ipynb #a14c0015
-def figure_comparison(long: pd.DataFrame, metric: str = "female_skew", condition: str = "full", title: str | None = None):
+def figure_comparison(long: pd.DataFrame, metric: str = "female_skew", condition: str = "full",
+                      title: str | None = None):
     "Forest of `metric` (points, 95% CI) per run and model; filled: a finding; grey label: not fit for audit."
     d = long[(long.condition == condition) & (long.metric == metric)].reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(d) + 1.4))
@@ -143,7 +146,7 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path) -> dict[str, P
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / f"comparison.{k}" for k in ("csv", "md", "png")}
     atomic_write_text(paths["csv"], long.to_csv(index=False, lineterminator="\n"))
-    atomic_write_text(paths["md"], "Table 3 side by side (full view; points, 95% CI; p of the audit's test; ★ a finding)\n\n"
-                      + comparison_table(long).to_markdown(index=False) + "\n")
+    head = "Table 3 side by side (full view; points, 95% CI; p of the audit's test; ★ a finding)\n\n"
+    atomic_write_text(paths["md"], head + comparison_table(long).to_markdown(index=False) + "\n")
     save_figure(figure_comparison(long), out, "comparison")
     return paths

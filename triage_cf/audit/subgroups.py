@@ -40,7 +40,8 @@ def age_band(age) -> pd.Series:
     return band.where(a.notna(), "age unknown")
 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0009
-def pair_covariates(pairs: pd.DataFrame, lang: str, table: str = COMPLAINT_TABLE, source: str = "pairs") -> pd.DataFrame:
+def pair_covariates(pairs: pd.DataFrame, lang: str, table: str = COMPLAINT_TABLE,
+                    source: str = "pairs") -> pd.DataFrame:
     """One row per pair (`pair_id`): its subgroup in each of `FAMILIES`, from the original record's `cc_text`, `age`,
     `triage_level` and `sex`."""
     missing = [c for c in ("pair_id", "cc_text", "age", "triage_level", "sex") if c not in pairs.columns]
@@ -69,7 +70,8 @@ def subgroup_point_metrics(long: pd.DataFrame, cov: pd.DataFrame, by: Sequence[s
                            families: Sequence[str] = FAMILIES) -> pd.DataFrame:
     "`METRICS` and the pair counts `n_M`, `n_F` of each (`by`, family, subgroup)."
     t = _tagged(long, cov, families)
-    S = pair_sums(t["orig_sex"].eq("M").to_numpy(), (t["pred_cf"].to_numpy(np.int64) - t["pred_orig"].to_numpy(np.int64)))
+    diff = t["pred_cf"].to_numpy(np.int64) - t["pred_orig"].to_numpy(np.int64)
+    S = pair_sums(t["orig_sex"].eq("M").to_numpy(), diff)
     sums = pd.DataFrame(S, columns=PAIR_SUMS).groupby([t[c] for c in (*by, "family", "subgroup")], sort=False).sum()
     out = pd.DataFrame(metrics_from_sums(sums.to_numpy()), columns=list(METRICS), index=sums.index)
     return out.assign(n_M=sums["n_M"].astype(int), n_F=sums["n_F"].astype(int)).reset_index()
@@ -95,7 +97,8 @@ def _subgroup_cis(real: pd.DataFrame, cov: pd.DataFrame, n_boot: int, seed: int,
     for key, g in t.groupby(["model", "condition", "family", "subgroup"], sort=False):
         b = bootstrap_metrics(g.orig_sex, g.pred_orig, g.pred_cf, n_boot, group_rng(seed, "subgroup", *key),
                               clusters=g["cluster_id"].to_numpy() if "cluster_id" in g else None)
-        out.append(b[["metric", "ci_low", "ci_high"]].assign(**dict(zip(("model", "condition", "family", "subgroup"), key))))
+        keys = dict(zip(("model", "condition", "family", "subgroup"), key))
+        out.append(b[["metric", "ci_low", "ci_high"]].assign(**keys))
     return pd.concat(out, ignore_index=True)
 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0018
@@ -132,10 +135,12 @@ def _findings(t: pd.DataFrame, fitness: pd.DataFrame | None, alpha: float) -> pd
 _BAND = {b: i for i, b in enumerate((*AGE_LABELS, "age unknown"))}
 
 def _in_order(t: pd.DataFrame) -> pd.DataFrame:
-    "Rows by model and view as given, families in `FAMILIES` order, complaint categories largest first, bands and levels in order."
+    """Rows by model and view as given, families in `FAMILIES` order, complaint categories largest first, bands and
+    levels in order."""
     size = (t.n_M + t.n_F).groupby([t.family, t.subgroup]).transform("max")
     key = [(-n, s) if f == "complaint_category" else (0, f"{int(s):02d}") if f == "true_level" else
-           (_BAND.get(s, 99), s) if f == "age_band" else (0, s.split(" ")[0] + f"{_BAND.get(s.split(' ', 1)[-1], 99):02d}")
+           (_BAND.get(s, 99), s) if f == "age_band" else
+           (0, s.split(" ")[0] + f"{_BAND.get(s.split(' ', 1)[-1], 99):02d}")
            for f, s, n in zip(t.family, t.subgroup, size)]
     fam = t.family.map({f: i for i, f in enumerate(FAMILIES)}).fillna(len(FAMILIES))
     order = pd.DataFrame({"m": pd.factorize(t.model)[0], "c": pd.factorize(t.condition)[0], "f": fam,
@@ -177,7 +182,8 @@ TRANSITION_COLUMNS = ["model", "condition", "direction", "cell", "orig_level", "
                       "n_null", "null_median", "null_q025", "null_q975", "p", "q", "fit_for_audit", "finding", "mde",
                       "test"]
 
-def transition_counts(long: pd.DataFrame, levels: Sequence[int], by: Sequence[str] = ("model", "condition")) -> pd.DataFrame:
+def transition_counts(long: pd.DataFrame, levels: Sequence[int],
+                      by: Sequence[str] = ("model", "condition")) -> pd.DataFrame:
     "Pairs per (`by`, direction, original level, counterfactual level), every cell of the matrix (zeros kept)."
     d = long.assign(direction=np.where(long.orig_sex.eq("M"), "M_to_F", "F_to_M"))
     c = d.groupby([*by, "direction", "pred_orig", "pred_cf"], sort=False).size()
@@ -206,9 +212,10 @@ def transition_table(real: pd.DataFrame, levels: Sequence[int], null_long: pd.Da
     """The transition matrices of every model, view and direction, then the urgent-boundary crossings, each crossing
     tested against the null emulators' (`null_long`: `null_id`, `model` the real model it belongs to)."""
     cr = crossing_rates(transition_counts(real, levels))
+    by = ("model", "null_id", "condition")
     nul = ({} if null_long is None or not len(null_long) else
-           {k: g.share.to_numpy(float) for k, g in crossing_rates(transition_counts(null_long, levels, ("model", "null_id",
-            "condition")), ("model", "null_id", "condition")).groupby(["model", "condition", "direction", "cell"])})
+           {k: g.share.to_numpy(float) for k, g in crossing_rates(transition_counts(null_long, levels, by), by)
+            .groupby(["model", "condition", "direction", "cell"])})
     rows = []
     for r in cr.itertuples(index=False):
         k = (r.model, r.condition, r.direction, r.cell)
@@ -247,7 +254,8 @@ def _confusions(y, p, levels, n_boot: int, rng: np.random.Generator) -> tuple[np
     L, pos = len(levels), {int(l): k for k, l in enumerate(levels)}
     cell = np.array([pos[int(a)] * L + pos[int(b)] for a, b in zip(y, p)], dtype=np.int64)
     obs = np.bincount(cell, minlength=L * L).reshape(L, L)
-    draws = rng.multinomial(len(cell), obs.ravel() / max(len(cell), 1), size=n_boot) if len(cell) else np.zeros((n_boot, L * L))
+    draws = (rng.multinomial(len(cell), obs.ravel() / len(cell), size=n_boot) if len(cell)
+             else np.zeros((n_boot, L * L)))
     return obs, draws.reshape(n_boot, L, L)
 
 def _quantile_ci(b: np.ndarray) -> tuple[float, float]:
@@ -286,8 +294,8 @@ def fidelity_by_sex(tests: Mapping[str, pd.DataFrame], sex_of: Mapping, levels: 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0041
 def _short_test(test: str) -> str:
     "A compact label of why a value is not tested."
-    for start, short in (("too few pairs", "n < {}"), ("untested", "K < 2"), ("reference", "ref"), ("undefined", "undef"),
-                         ("descriptive", "not tested")):
+    for start, short in (("too few pairs", "n < {}"), ("untested", "K < 2"), ("reference", "ref"),
+                         ("undefined", "undef"), ("descriptive", "not tested")):
         if str(test).startswith(start):
             return short.format(str(test).split("< ")[-1].rstrip(")")) if "{}" in short else short
     return ""
@@ -299,7 +307,8 @@ def value_cell(est, lo, hi, q, finding, test: str, scale: float = 100, digits: i
     f = lambda v: f"{v:.{digits}f}"
     s = "–" if np.isnan(e) else f(e) + (f" [{f(l)}, {f(h)}]" if np.isfinite([l, h]).all() else "")
     why = _short_test(test)
-    return f"{s} ({why})" if why else s + (f" q {num(q):.2g}" if np.isfinite(num(q)) else "") + (" ★" if str(finding).lower() in ("true", "1", "1.0") else "")
+    star = " ★" if str(finding).lower() in ("true", "1", "1.0") else ""
+    return f"{s} ({why})" if why else s + (f" q {num(q):.2g}" if np.isfinite(num(q)) else "") + star
 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0043
 def subgroup_frame(st: pd.DataFrame, condition: str = "full") -> pd.DataFrame:
@@ -307,7 +316,8 @@ def subgroup_frame(st: pd.DataFrame, condition: str = "full") -> pd.DataFrame:
     d = st[st.condition == condition]
     d = d.assign(cell=[value_cell(*r) for r in d[["estimate", "ci_low", "ci_high", "q", "finding", "test"]]
                       .itertuples(index=False, name=None)])
-    w = d.pivot_table(index=["model", "family", "subgroup"], columns="metric", values="cell", aggfunc="first", sort=False)
+    w = d.pivot_table(index=["model", "family", "subgroup"], columns="metric", values="cell", aggfunc="first",
+                      sort=False)
     n = d.groupby(["model", "family", "subgroup"], sort=False)[["n_M", "n_F"]].first()
     return n.join(w[[m for m in SUBGROUP_METRICS if m in w.columns]]).reset_index()
 
@@ -324,9 +334,11 @@ def figure_subgroups(st: pd.DataFrame, metric: str = "female_skew", condition: s
         g = d[d.model == m].set_index(["family", "subgroup"]).reindex(keys)
         y = np.arange(len(keys))[::-1]
         ax.hlines(y, 100 * g.null_q025, 100 * g.null_q975, color="0.8", lw=6)
-        ax.errorbar(100 * g.estimate, y, xerr=[100 * (g.estimate - g.ci_low), 100 * (g.ci_high - g.estimate)], fmt="none", ecolor="C0")
+        err = [100 * (g.estimate - g.ci_low), 100 * (g.ci_high - g.estimate)]
+        ax.errorbar(100 * g.estimate, y, xerr=err, fmt="none", ecolor="C0")
         f = g.finding.astype(str).str.lower().isin(["true", "1", "1.0"]).to_numpy()
-        ax.plot(100 * g.estimate[f], y[f], "o", color="C3"); ax.plot(100 * g.estimate[~f], y[~f], "o", mfc="white", color="C0")
+        ax.plot(100 * g.estimate[f], y[f], "o", color="C3")
+        ax.plot(100 * g.estimate[~f], y[~f], "o", mfc="white", color="C0")
         ax.axvline(0, color="k", lw=0.5); ax.set_title(m); ax.set_xlabel(f"{metric} (points)")
     axes[0][0].set_yticks(np.arange(len(keys))[::-1], [f"{f.replace('_', ' ')}: {s}" for f, s in keys])
     fig.suptitle((f"{title}\n" if title else "") + f"{metric} by subgroup ({condition} view): filled red, a finding; "
@@ -344,7 +356,8 @@ def transition_frames(tt: pd.DataFrame, condition: str = "full") -> tuple[pd.Dat
                          sort=False)
     wide.columns = [f"cf {int(c)}" for c in wide.columns]
     x = d[d.cell.isin(CROSSINGS)]
-    cells = [value_cell(*r) for r in x[["share", "null_q025", "null_q975", "q", "finding", "test"]].itertuples(index=False, name=None)]
+    cols = ["share", "null_q025", "null_q975", "q", "finding", "test"]
+    cells = [value_cell(*r) for r in x[cols].itertuples(index=False, name=None)]
     cross = x[["model", "direction", "cell", "n", "n_direction"]].assign(**{"share % [null 95% range]": cells})
     return wide.reset_index(), cross.reset_index(drop=True)
 
@@ -352,14 +365,17 @@ def transition_frames(tt: pd.DataFrame, condition: str = "full") -> tuple[pd.Dat
 def fidelity_sentences(fb: pd.DataFrame) -> list[str]:
     "One sentence per model and measure whose women-minus-men difference excludes 0 (`differs`)."
     d = fb[(fb.group == "F_minus_M") & fb.differs.astype(str).str.lower().isin(["true", "1", "1.0"])]
-    return [f"{r.model} is less faithful to the nurses for {'women' if (r.estimate < 0) != (r.measure == 'under_triage_urgent') else 'men'}: "
-            f"{r.measure} women minus men {r.estimate:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]" for r in d.itertuples()]
+    worse = lambda r: "women" if (r.estimate < 0) != (r.measure == "under_triage_urgent") else "men"
+    return [f"{r.model} is less faithful to the nurses for {worse(r)}: {r.measure} women minus men "
+            f"{r.estimate:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]" for r in d.itertuples()]
 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0052
 def fidelity_frame(fb: pd.DataFrame) -> pd.DataFrame:
-    "`tables/fidelity_by_sex.csv` for the report: one row per (model, measure), women, men and women minus men (★: differs)."
+    """`tables/fidelity_by_sex.csv` for the report: one row per (model, measure), women, men and women minus men
+    (★: differs)."""
     d = fb.assign(cell=[value_cell(e, lo, hi, np.nan, dif, "", scale=1, digits=2) for e, lo, hi, dif in
                         fb[["estimate", "ci_low", "ci_high", "differs"]].itertuples(index=False, name=None)])
     w = d.pivot_table(index=["model", "measure"], columns="group", values="cell", aggfunc="first", sort=False)
-    n = d[d.group != "F_minus_M"].pivot_table(index=["model", "measure"], columns="group", values="n", aggfunc="first", sort=False)
+    n = d[d.group != "F_minus_M"].pivot_table(index=["model", "measure"], columns="group", values="n", aggfunc="first",
+                                              sort=False)
     return w.reindex(columns=["F", "M", "F_minus_M"]).join(n.add_prefix("n_")).reset_index()
