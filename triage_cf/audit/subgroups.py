@@ -227,8 +227,9 @@ def transition_table(real: pd.DataFrame, levels: Sequence[int], null_long: pd.Da
     t.loc[t.model.isin(REFERENCE_MODELS), "test"] = "reference: the truth, not tested"
     t["q"] = _bh_within(t, ["model", "condition"], alpha)
     t = _findings(t, fitness, alpha)
-    return pd.concat([_matrix_rows(transition_counts(real, levels)), t.drop(columns="estimate")],
-                     ignore_index=True).reindex(columns=TRANSITION_COLUMNS)
+    out = pd.concat([_matrix_rows(transition_counts(real, levels)), t.drop(columns="estimate")],
+                    ignore_index=True).reindex(columns=TRANSITION_COLUMNS)
+    return out.astype({"orig_level": "Int64", "cf_level": "Int64"})   # integers (empty on crossing rows), not floats
 
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0031
 FIDELITY_COLUMNS = ["model", "measure", "group", "estimate", "ci_low", "ci_high", "n", "differs", "remark"]
@@ -301,8 +302,11 @@ def _short_test(test: str) -> str:
     return ""
 
 def value_cell(est, lo, hi, q, finding, test: str, scale: float = 100, digits: int = 1) -> str:
-    "One tested value as the report prints it: `x [lo, hi] q ★` (points: `scale` 100), or with why it is untested."
-    num = lambda v: float(v) if v is not None and str(v) not in ("", "nan", "<NA>") else np.nan
+    """One tested value as the report prints it: `x [lo, hi] q ★` (points: `scale` 100), or with why it is untested;
+    a cell that a restricted run's table suppressed ("suppressed", "<10") is shown as it is."""
+    num = lambda v: pd.to_numeric(pd.Series([v], dtype=object), errors="coerce").astype(float).iloc[0]
+    if isinstance(est, str) and est.strip() and np.isnan(num(est)) and est.strip().lower() not in ("nan", "<na>"):
+        return est
     e, l, h = (scale * num(v) for v in (est, lo, hi))
     f = lambda v: f"{v:.{digits}f}"
     s = "–" if np.isnan(e) else f(e) + (f" [{f(l)}, {f(h)}]" if np.isfinite([l, h]).all() else "")
@@ -354,7 +358,7 @@ def transition_frames(tt: pd.DataFrame, condition: str = "full") -> tuple[pd.Dat
     m = d[~d.cell.isin(CROSSINGS)]
     wide = m.pivot_table(index=["model", "direction", "orig_level"], columns="cf_level", values="n", aggfunc="first",
                          sort=False)
-    wide.columns = [f"cf {int(c)}" for c in wide.columns]
+    wide.columns = [f"cf {c}" for c in wide.columns]
     x = d[d.cell.isin(CROSSINGS)]
     cols = ["share", "null_q025", "null_q975", "q", "finding", "test"]
     cells = [value_cell(*r) for r in x[cols].itertuples(index=False, name=None)]
