@@ -28,7 +28,7 @@ class CannotCompare(ValueError):
 COMPARE_TABLES = ("table3_bias_metrics", "fitness")
 
 def read_run(run_dir: str | Path) -> dict:
-    "The parts of one finished run that `compare_runs` uses: its run.json, Table 3, fitness and test tables."
+    "What `compare_runs` reads of one finished run: run.json, Table 3 (with the test's columns) and fitness."
     run = Path(run_dir)
     need = [run / "run.json"] + [run / "tables" / f"{t}.csv" for t in COMPARE_TABLES]
     missing = [str(p.relative_to(run)) for p in need if not p.is_file()]
@@ -37,9 +37,7 @@ def read_run(run_dir: str | Path) -> dict:
         raise CannotCompare(f"{run}: not a finished audit run folder{why}")
     meta = json.loads((run / "run.json").read_text())
     t = {n: pd.read_csv(run / "tables" / f"{n}.csv", keep_default_na=False) for n in COMPARE_TABLES}
-    nt = run / "tables" / "null_test.csv"
-    return dict(path=run, meta=meta, t3=t["table3_bias_metrics"], fitness=t["fitness"],
-                null_test=pd.read_csv(nt, keep_default_na=False) if nt.is_file() else None)
+    return dict(path=run, meta=meta, t3=t["table3_bias_metrics"], fitness=t["fitness"])
 
 # %% ../../nbs/1_audit/14_compare.ipynb #a14c0007
 def check_comparable(runs: Sequence[dict]) -> None:

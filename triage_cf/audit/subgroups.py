@@ -211,7 +211,8 @@ def transition_table(real: pd.DataFrame, levels: Sequence[int], null_long: pd.Da
                      fitness: pd.DataFrame | None = None, alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
     """The transition matrices of every model, view and direction, then the urgent-boundary crossings, each crossing
     tested against the null emulators' (`null_long`: `null_id`, `model` the real model it belongs to)."""
-    cr = crossing_rates(transition_counts(real, levels))
+    counts = transition_counts(real, levels)
+    cr = crossing_rates(counts)
     by = ("model", "null_id", "condition")
     nul = ({} if null_long is None or not len(null_long) else
            {k: g.share.to_numpy(float) for k, g in crossing_rates(transition_counts(null_long, levels, by), by)
@@ -227,7 +228,7 @@ def transition_table(real: pd.DataFrame, levels: Sequence[int], null_long: pd.Da
     t.loc[t.model.isin(REFERENCE_MODELS), "test"] = "reference: the truth, not tested"
     t["q"] = _bh_within(t, ["model", "condition"], alpha)
     t = _findings(t, fitness, alpha)
-    out = pd.concat([_matrix_rows(transition_counts(real, levels)), t.drop(columns="estimate")],
+    out = pd.concat([_matrix_rows(counts), t.drop(columns="estimate")],
                     ignore_index=True).reindex(columns=TRANSITION_COLUMNS)
     return out.astype({"orig_level": "Int64", "cf_level": "Int64"})   # integers (empty on crossing rows), not floats
 
