@@ -36,18 +36,22 @@ def load_terms(name: str | Path) -> list[str]:
         raise ValueError(f"term list {name!r} is empty")
     return terms
 
+# %% ../nbs/0_shared/05_cohort.ipynb #c8f4913c
 def _fold_case(s: pd.Series) -> pd.Series:
     return s.astype("string").map(lambda x: unicodedata.normalize("NFC", x).casefold() if isinstance(x, str) else x).astype("string")
 
+# %% ../nbs/0_shared/05_cohort.ipynb #276ef7cf
 def _norm_term(t: str) -> str:
     return unicodedata.normalize("NFC", t).casefold()
 
+# %% ../nbs/0_shared/05_cohort.ipynb #43bb6580
 def term_hits(texts: pd.Series, terms: list[str]) -> pd.DataFrame:
     "Boolean frame (rows x terms): does each text contain each term (case-insensitive substring)? Missing text: False."
     t = _fold_case(texts)
     return pd.DataFrame({term: t.str.contains(_norm_term(term), regex=False).fillna(False).astype(bool) for term in terms},
                         index=texts.index)
 
+# %% ../nbs/0_shared/05_cohort.ipynb #eb2b8115
 def class_match(values: pd.Series, classes: list[str]) -> pd.Series:
     "Whole-label match of `values` against `classes` (case-insensitive, whitespace collapsed)."
     norm = lambda x: re.sub(r"\s+", " ", _norm_term(x)).strip()
@@ -90,6 +94,7 @@ def _appendix_lang(terms: list[str], cfg: dict) -> str | None:
     key = [unicodedata.normalize("NFC", t).lower() for t in terms]
     return next((lang for lang in LANGS if list(sex_specific_terms(lang)) == key), None)
 
+# %% ../nbs/0_shared/05_cohort.ipynb #750008c1
 def term_word_hits(texts: pd.Series, terms: list[str], lang: str) -> pd.DataFrame:
     """Boolean frame (rows x terms) like `term_hits`, matching each Appendix A term's word forms as whole words with the
     matcher and tokenizer of g (`triage_cf.rewrite.sex_specific_matches`): *chuter* does not hold *uter*."""
@@ -97,6 +102,7 @@ def term_word_hits(texts: pd.Series, terms: list[str], lang: str) -> pd.DataFram
     hit = texts.map(lambda x: set(sex_specific_matches(x, lang)) if isinstance(x, str) else set())
     return pd.DataFrame({key[k]: hit.map(lambda s, k=k: k in s).astype(bool) for k in key}, index=texts.index)
 
+# %% ../nbs/0_shared/05_cohort.ipynb #5cb8cde5
 def _rule_term_exclusion(df, cfg):
     "Records with an Appendix A term; `match`: words (default, the matcher of g) | substring (the paper's Table 4 as written)."
     fields, terms, match = list(cfg["fields"]), load_terms(cfg["terms"]), cfg.get("match", "words")
@@ -133,6 +139,7 @@ COHORT_RULES = {
     "exclude_levels": (_rule_exclude_levels, "excluded_levels"),
 }
 
+# %% ../nbs/0_shared/05_cohort.ipynb #8fa3c854
 def expand_rules(rules: list[dict]) -> list[dict]:
     "The configured rules as steps: `required` expands to one step per field; names checked unique."
     steps = []
@@ -164,6 +171,7 @@ class CohortResult:
     term_counts: pd.DataFrame   # rule, term, n_records (records entering the step that contain the term, by the step's
                                 # matcher), n_records_words (whole words, as g), n_records_substring (the paper's substrings)
 
+# %% ../nbs/0_shared/05_cohort.ipynb #e007cce2
 def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None = None) -> CohortResult:
     """Apply the cohort `rules` in order to the canonical `records`.
 
@@ -196,6 +204,7 @@ def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None
     check_cohort(records, res, rows_read)
     return res
 
+# %% ../nbs/0_shared/05_cohort.ipynb #db3f57ba
 def check_cohort(records: pd.DataFrame, res: CohortResult, rows_read: int | None = None) -> None:
     "Every record is either kept or excluded by exactly one named step, and the flow adds up; raises otherwise."
     kept, ex = set(res.cohort["record_id"]), res.exclusions["record_id"]
@@ -219,6 +228,7 @@ def _fmt_n(v) -> str:
     "A count as the figure shows it: with thousands separators, or a suppressed cell's text ('<10', 'suppressed')."
     return v if isinstance(v, str) else f"{int(v):,}"
 
+# %% ../nbs/0_shared/05_cohort.ipynb #7eef70f7
 def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
     "A CONSORT-style diagram of `flow` (matplotlib figure); counts may be suppressed cells (aggregate-only runs)."
     n = len(flow)

@@ -49,15 +49,18 @@ def repo_root() -> Path:
             return p
     raise FileNotFoundError(f"cannot find the triage_cf repository root (settings.ini + params/) above {here}; set TRIAGE_CF_ROOT")
 
+# %% ../nbs/0_shared/00_core.ipynb #7b8c67e3
 def data_root() -> Path:
     "Where dataset files live: `$TRIAGE_CF_DATA`, else `data/` in the repository."
     env = os.environ.get("TRIAGE_CF_DATA")
     return Path(env).resolve() if env else repo_root() / "data"
 
+# %% ../nbs/0_shared/00_core.ipynb #282dc10f
 def manifest_dir() -> Path:
     "Folder of the dataset manifests (`data_manifest/<name>.yaml`)."
     return repo_root() / "data_manifest"
 
+# %% ../nbs/0_shared/00_core.ipynb #6f8e9f4c
 def resource_path(*parts: str) -> Path:
     "A data file or folder of the package, `triage_cf/resources/<parts>` (word lists, lexicons, templates, phrase tables)."
     return Path(str(resources.files("triage_cf").joinpath("resources", *parts)))
@@ -75,17 +78,19 @@ def is_missing(v) -> bool:
 class _Yaml12Loader(yaml.SafeLoader):
     "PyYAML's safe loader, with YAML 1.2's floats: `1e-3`, `+2E5` (exponent without a decimal point) are floats."
 
+# %% ../nbs/0_shared/00_core.ipynb #9ea35f10
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                                     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
+# %% ../nbs/0_shared/00_core.ipynb #21b142a8
 def read_yaml(stream) -> Any:
     "The YAML document in `stream` (text or an open file), numbers read as YAML 1.2 reads them; only plain data (safe)."
     return yaml.load(stream, Loader=_Yaml12Loader)
 
-
 # %% ../nbs/0_shared/00_core.ipynb #5de468ed
 ACCESS_LEVELS = ("open", "credentialed", "restricted")
 
+# %% ../nbs/0_shared/00_core.ipynb #2895b14a
 def read_manifest(name: str | Path) -> dict:
     "The manifest YAML of dataset `name` (or a path to a manifest YAML), unchecked; names the known datasets when absent."
     p = Path(name)
@@ -108,10 +113,12 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
         out[k] = deep_merge(out[k], v) if isinstance(out.get(k), Mapping) and isinstance(v, Mapping) else v
     return out
 
+# %% ../nbs/0_shared/00_core.ipynb #9e27b1cd
 def _read_yaml(path: Path) -> dict:
     with open(path, encoding="utf-8") as f:
         return read_yaml(f) or {}
 
+# %% ../nbs/0_shared/00_core.ipynb #ea04a295
 def load_params(dataset: str, profile: str = "smoke", params_dir: Path | None = None) -> dict:
     "Merged parameters of `dataset` under `profile` (see above); always holds `dataset` and `profile`."
     pdir = Path(params_dir) if params_dir else repo_root() / "params"
@@ -150,11 +157,13 @@ class RunPaths:
             p.mkdir(parents=True, exist_ok=True)
         return self
 
+# %% ../nbs/0_shared/00_core.ipynb #ea110d5c
 def runs_root() -> Path:
     "Where run folders go by default: `$TRIAGE_CF_RUNS`, else `runs/` in the repository (gitignored)."
     env = os.environ.get("TRIAGE_CF_RUNS")
     return Path(env).resolve() if env else repo_root() / "runs"
 
+# %% ../nbs/0_shared/00_core.ipynb #4b0140e7
 def run_dir_for(dataset: str, profile: str, out: str | Path | None = None) -> Path:
     "The run folder: `out` if given, else `<runs root>/<dataset>/<profile>/`."
     return Path(out).resolve() if out else runs_root() / dataset / profile
@@ -165,6 +174,7 @@ MIN_CELL = 10                      # smallest count of records a rendered cell m
 PRIMARY = f"<{MIN_CELL}"           # what a suppressed small cell shows
 COMPLEMENTARY = "suppressed"       # what a complementary-suppressed cell shows
 
+# %% ../nbs/0_shared/00_core.ipynb #de6e32fc
 @dataclass(frozen=True)
 class AccessPolicy:
     "What a run of `dataset` may render, from its manifest's `access` level."
@@ -178,6 +188,7 @@ class AccessPolicy:
     @property
     def mode(self) -> str: return "enforce" if self.enforce else "report-only"
 
+# %% ../nbs/0_shared/00_core.ipynb #c83579be
 def policy_for_dataset(dataset: str) -> AccessPolicy:
     "The policy of `dataset` from its manifest; a dataset without a manifest has no loadable records (open)."
     try:
@@ -188,6 +199,7 @@ def policy_for_dataset(dataset: str) -> AccessPolicy:
         raise ValueError(f"manifest of dataset {dataset!r}: access {m.get('access')!r} is not one of {ACCESS_LEVELS}")
     return AccessPolicy(dataset, m["access"])
 
+# %% ../nbs/0_shared/00_core.ipynb #2963d666
 def policy_for_run(run_dir: str | Path) -> AccessPolicy | None:
     "The policy of the dataset of a run folder (from its run.json), or None outside a run folder."
     p = Path(run_dir) / "run.json"
@@ -202,6 +214,7 @@ def policy_for_run(run_dir: str | Path) -> AccessPolicy | None:
 # %% ../nbs/0_shared/00_core.ipynb #8330016a
 _COUNT_NAME = re.compile(r"(n|count|n_\w+|count_\w+)")
 
+# %% ../nbs/0_shared/00_core.ipynb #dfefdd08
 def count_columns(df: pd.DataFrame) -> list[str]:
     "Columns of counts of records: named `n`, `count`, `n_*` or `count_*`, holding whole numbers (or suppressed cells)."
     out = []
@@ -213,6 +226,7 @@ def count_columns(df: pd.DataFrame) -> list[str]:
             out.append(c)
     return out
 
+# %% ../nbs/0_shared/00_core.ipynb #ad18cfc1
 def suppress_small_cells(df: pd.DataFrame, min_cell: int = MIN_CELL, counts: list[str] | None = None) -> pd.DataFrame:
     """Copy of `df` with count cells of 1..`min_cell`-1 shown as "<10", plus the complementary suppression described
     above (column totals, flow running totals, derived floats) shown as "suppressed"."""
@@ -258,19 +272,23 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
             h.update(b)
     return h.hexdigest()
 
+# %% ../nbs/0_shared/00_core.ipynb #bf347f12
 def sha256_text(s: str) -> str:
     "Hex sha256 of a string (utf-8)."
     return hashlib.sha256(s.encode("utf-8")).hexdigest()
 
+# %% ../nbs/0_shared/00_core.ipynb #2781c4de
 @lru_cache(maxsize=256)
 def _cached_sha256(path: str, size: int, mtime_ns: int) -> str:
     return sha256_file(path)
 
+# %% ../nbs/0_shared/00_core.ipynb #1650b540
 def file_sha256(path: str | Path) -> str:
     "`sha256_file`, cached per (path, size, mtime): a large file (dataset, model weights) is hashed once per process."
     st = Path(path).stat()
     return _cached_sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
+# %% ../nbs/0_shared/00_core.ipynb #25bfcb85
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     "Write `data` to `path` through a temporary file and `os.replace` (crash-safe)."
     path = Path(path)
@@ -287,20 +305,24 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         raise
     return path
 
+# %% ../nbs/0_shared/00_core.ipynb #cbefe6af
 def atomic_write_text(path: str | Path, text: str) -> Path:
     "Atomic write of a utf-8 text file."
     return atomic_write_bytes(path, text.encode("utf-8"))
 
+# %% ../nbs/0_shared/00_core.ipynb #1a40eb84
 def write_json(path: str | Path, obj: Any) -> Path:
     "Atomic write of a JSON file with sorted keys (stable bytes)."
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
+# %% ../nbs/0_shared/00_core.ipynb #b87da4e9
 def write_parquet(df: pd.DataFrame, path: str | Path) -> Path:
     "Atomic parquet write (no index, deterministic bytes for the same frame)."
     buf = io.BytesIO()
     df.to_parquet(buf, index=False, engine="pyarrow", compression="zstd")
     return atomic_write_bytes(path, buf.getvalue())
 
+# %% ../nbs/0_shared/00_core.ipynb #5f743026
 def read_parquet(path: str | Path) -> pd.DataFrame:
     "Read a parquet artifact, naming the file when it is missing."
     path = Path(path)
@@ -329,6 +351,7 @@ def write_table(df: pd.DataFrame, tables_dir: str | Path, name: str, float_forma
     atomic_write_text(tables_dir / f"{name}.md", md + "\n")
     return tables_dir / f"{name}.csv"
 
+# %% ../nbs/0_shared/00_core.ipynb #366b2588
 def read_table(tables_dir: str | Path, name: str) -> pd.DataFrame:
     "A table written by `write_table`, exact: its unsuppressed copy under `data/tables/` when the run has one."
     tables_dir = Path(tables_dir)
@@ -338,6 +361,7 @@ def read_table(tables_dir: str | Path, name: str) -> pd.DataFrame:
         raise FileNotFoundError(f"table {tables_dir / name}.csv does not exist: run the stage that writes it first (triage-cf reproduce)")
     return pd.read_csv(p, keep_default_na=False)
 
+# %% ../nbs/0_shared/00_core.ipynb #7abd3e47
 def save_figure(fig, figures_dir: str | Path, name: str, dpi: int = 120) -> Path:
     "Save a matplotlib figure as `figures/<name>.png` (atomic, no timestamp metadata) and close it."
     buf = io.BytesIO()
@@ -364,6 +388,7 @@ def seed_everything(seed: int) -> np.random.Generator:
 # %% ../nbs/0_shared/00_core.ipynb #73c487be
 CHAIN_ENV = "TRIAGE_CF_IN_CHAIN"
 
+# %% ../nbs/0_shared/00_core.ipynb #f9ce00ba
 def in_chain() -> bool:
     "True in a stage kernel started by the chain runner (`triage-cf reproduce`); False under nbdev_test and by hand."
     return bool(os.environ.get(CHAIN_ENV))

@@ -77,6 +77,7 @@ def canonical_schema(levels: list[int] | None = None) -> pa.DataFrameSchema:
     ordered["^x_[a-z0-9_]+$"] = pa.Column(regex=True, required=False, nullable=True)
     return pa.DataFrameSchema(ordered, strict=True, name="canonical_records")
 
+# %% ../nbs/0_shared/06_data.ipynb #d3aed69c
 def validate_records(df: pd.DataFrame, levels: list[int] | None = None, source: str = "records") -> pd.DataFrame:
     "Validate `df` against `canonical_schema(levels)`; raises ValueError naming column, check and count."
     missing = [c for c in CANONICAL_COLUMNS if c not in df.columns]
@@ -85,6 +86,7 @@ def validate_records(df: pd.DataFrame, levels: list[int] | None = None, source: 
     ordered = df[[*CANONICAL_COLUMNS, *[c for c in df.columns if c not in CANONICAL_COLUMNS]]]
     return validate_frame(canonical_schema(levels), ordered, source, "the canonical record table")
 
+# %% ../nbs/0_shared/06_data.ipynb #75cb0562
 def validate_frame(schema: pa.DataFrameSchema, df: pd.DataFrame, source: str, what: str) -> pd.DataFrame:
     "`schema.validate(df)` (lazy); a ValueError names `source`, each column, check and count of rows, never a value."
     try:
@@ -100,6 +102,7 @@ def validate_frame(schema: pa.DataFrameSchema, df: pd.DataFrame, source: str, wh
         lines = [f"  column {c!r}: check {chk} failed for {n} row(s)" for (c, chk), n in summary.items()]
         raise ValueError(f"{source}: {len(rows)} schema violation(s) of {what}:\n" + "\n".join(lines)) from None
 
+# %% ../nbs/0_shared/06_data.ipynb #15566310
 def empty_records(n: int = 0) -> pd.DataFrame:
     "An all-missing canonical table of `n` rows (typed), the base every loader fills in."
     return pd.DataFrame({c: pd.Series(np.full(n, np.nan), dtype="float64").astype(t) if t != "datetime64[ns]"
@@ -109,10 +112,12 @@ def empty_records(n: int = 0) -> pd.DataFrame:
 LANGUAGES = ("en", "fr")
 _REQUIRED_KEYS = ("name", "title", "citation", "licence", "access", "language", "triage_scale", "loader", "columns", "text_fields", "cohort")
 
+# %% ../nbs/0_shared/06_data.ipynb #62167dfa
 def list_manifests(mdir: str | Path | None = None) -> list[str]:
     "Names of the datasets described in `data_manifest/` (sorted)."
     return sorted(p.stem for p in Path(mdir or manifest_dir()).glob("*.yaml"))
 
+# %% ../nbs/0_shared/06_data.ipynb #548d8883
 def check_manifest(m: dict, where: str = "manifest") -> dict:
     "Check a manifest's keys and values; raises ValueError naming `where` and the key."
     missing = [k for k in _REQUIRED_KEYS if k not in m]
@@ -153,6 +158,7 @@ def check_manifest(m: dict, where: str = "manifest") -> dict:
         raise ValueError(f"{where}: {e}") from None
     return m
 
+# %% ../nbs/0_shared/06_data.ipynb #e395efa8
 def load_manifest(name: str | Path) -> dict:
     "The manifest of dataset `name` (or a path to a manifest YAML), checked."
     p = Path(name) if Path(name).suffix in (".yaml", ".yml") else manifest_dir() / f"{name}.yaml"
@@ -172,6 +178,7 @@ def file_checksum_status(f: dict, root: str | Path | None = None) -> str:
         return "unpinned"
     return "ok" if file_sha256(p) == f["sha256"] else "mismatch"
 
+# %% ../nbs/0_shared/06_data.ipynb #c7cb5ad4
 def verify_files(manifest: dict, root: str | Path | None = None) -> dict[str, str]:
     "Check every file of `manifest` under the data root; returns {relpath: sha256} or raises naming file, sha256 and URL."
     root = Path(root or data_root())
@@ -195,10 +202,12 @@ def verify_files(manifest: dict, root: str | Path | None = None) -> dict[str, st
 # %% ../nbs/0_shared/06_data.ipynb #636e46c4
 _DELIMS = [",", ";", "\t", "|"]
 
+# %% ../nbs/0_shared/06_data.ipynb #82b5b607
 def _open_bytes(path: Path):
     import gzip
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
+# %% ../nbs/0_shared/06_data.ipynb #550eebe9
 def _first_bad_line(path: Path, encoding: str) -> tuple[int, int, int] | None:
     "(line number, byte offset in the file, byte value) of the first undecodable byte, or None."
     offset = 0
@@ -211,6 +220,7 @@ def _first_bad_line(path: Path, encoding: str) -> tuple[int, int, int] | None:
             offset += len(line)
     return None
 
+# %% ../nbs/0_shared/06_data.ipynb #7fc2b2cd
 def read_raw_csv(path: str | Path, sep: str = ",", columns: list[str] | tuple = (), encoding: str = "utf-8") -> pd.DataFrame:
     "Read a raw CSV (optionally .gz) as text cells; clear errors for empty, mis-delimited, mis-encoded or incomplete files."
     path = Path(path)
@@ -252,10 +262,12 @@ def read_raw_csv(path: str | Path, sep: str = ",", columns: list[str] | tuple = 
 # %% ../nbs/0_shared/06_data.ipynb #018805fb
 _NUM_RE = r"[+-]?(?:\d+(?:[.,]\d*)?|[.,]\d+)"
 
+# %% ../nbs/0_shared/06_data.ipynb #1bc64207
 def _blank(s: pd.Series) -> pd.Series:
     st = s.astype("string").str.strip()
     return (st.isna() | (st == "")).astype(bool)
 
+# %% ../nbs/0_shared/06_data.ipynb #ab5ced44
 def parse_numeric(s: pd.Series) -> tuple[pd.Series, Counter]:
     "Floats from raw cells; counts `missing` (blank) and `unparseable` (not a number)."
     if pd.api.types.is_bool_dtype(s):
@@ -290,6 +302,7 @@ def _code_key(x) -> str | None:
     k = str(x).strip()
     return k or None
 
+# %% ../nbs/0_shared/06_data.ipynb #f7a27b53
 def decode_codes(s: pd.Series, codes: dict) -> tuple[pd.Series, Counter]:
     "Map raw codes through `codes` (keys compared as trimmed text); counts `missing` and `unknown_code`."
     table = {str(k).strip(): v for k, v in codes.items()}
@@ -338,6 +351,7 @@ _ISSUE_ORDER = ["rows_read", "missing", "unparseable", "implausible", "unknown_c
                 "duplicate_conflicting_removed", "rows_kept"]
 TABLE_ROW = "(table)"
 
+# %% ../nbs/0_shared/06_data.ipynb #01fd6511
 def _extras(manifest: dict) -> list[dict]:
     out = []
     for e in manifest.get("extras") or []:
@@ -346,6 +360,7 @@ def _extras(manifest: dict) -> list[dict]:
         out.append(e)
     return out
 
+# %% ../nbs/0_shared/06_data.ipynb #b99db439
 def quality_table(counts: Counter) -> pd.DataFrame:
     "The data-quality table (column, issue, count) from {(column, issue): count}; zero counts dropped, stable order."
     rows = [(c, i, int(n)) for (c, i), n in counts.items() if n]
@@ -437,6 +452,7 @@ def _file(manifest: dict, key: str) -> dict:
             return f
     raise ValueError(f"data_manifest/{manifest['name']}.yaml: no file with key {key!r} (loader {manifest['loader']!r} needs it)")
 
+# %% ../nbs/0_shared/06_data.ipynb #3a63ed19
 def read_manifest_file(manifest: dict, key: str, root: str | Path | None = None) -> pd.DataFrame:
     "Read the manifest file `key` with its delimiter, encoding and required columns."
     f = _file(manifest, key)
@@ -455,6 +471,7 @@ def _mimic_age(stays: pd.DataFrame, patients: pd.DataFrame, counts: Counter) -> 
     df["age"] = age.map(lambda x: "" if pd.isna(x) else f"{x:g}")
     return df.drop(columns=["_merge"])
 
+# %% ../nbs/0_shared/06_data.ipynb #79b61038
 def load_mimic_ed_demo(manifest: dict, root: str | Path | None = None, **_) -> tuple[pd.DataFrame, Counter]:
     "MIMIC-IV-ED (demo): edstays + triage + hosp patients (age), one row per ED stay."
     counts = Counter()
@@ -475,6 +492,7 @@ DISCHARGE_SECTIONS = [
 _SECTION_RE = re.compile(r"^[ \t]*(" + "|".join(re.escape(s) for s in sorted(DISCHARGE_SECTIONS, key=len, reverse=True)) + r")[ \t]*:",
                          re.IGNORECASE | re.MULTILINE)
 
+# %% ../nbs/0_shared/06_data.ipynb #892d05fb
 def note_sections(text: str) -> dict[str, str]:
     "Split a discharge summary into {section (lower case): body}; text before the first known header is dropped."
     if not isinstance(text, str):
@@ -537,6 +555,7 @@ def load_synth(manifest: dict, root=None, seed: int = 42, synth: dict | None = N
         raise TypeError(f"triage_cf.synth.generate_raw returned {type(raw).__name__}, not a DataFrame")
     return raw, Counter()
 
+# %% ../nbs/0_shared/06_data.ipynb #27e9adf4
 LOADERS: dict[str, Callable[..., tuple[pd.DataFrame, Counter]]] = {
     "mimic_ed_demo": load_mimic_ed_demo, "mimic_ed": load_mimic_ed, "ktas": load_ktas,
     "chu_bordeaux": load_chu_bordeaux, "synth": load_synth}
@@ -556,6 +575,7 @@ def load_records(name: str | dict, seed: int = 42, synth: dict | None = None,
     raw, counts = LOADERS[manifest["loader"]](manifest, root=root, seed=seed, synth=synth)
     return canonicalize(raw, manifest, source, counts)
 
+# %% ../nbs/0_shared/06_data.ipynb #8d7af2f7
 def provenance(manifest: dict, root: str | Path | None = None, seed: int | None = None, synth: dict | None = None) -> dict:
     "What `data/provenance.json` records: the dataset's description and {file: sha256} (generator settings if synthetic)."
     out = {"dataset": manifest["name"], "title": manifest["title"], "access": manifest["access"],
@@ -565,6 +585,7 @@ def provenance(manifest: dict, root: str | Path | None = None, seed: int | None 
         out["generator"] = {**manifest["generator"], "seed": seed, "knobs": synth or {}}
     return out
 
+# %% ../nbs/0_shared/06_data.ipynb #6fbd16f6
 def dataset_status(root: str | Path | None = None) -> pd.DataFrame:
     """One row per manifest: name, title, language, triage_scale, access, present, checksum.
 

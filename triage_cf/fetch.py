@@ -27,6 +27,7 @@ FETCH_BASE_URL_ENV = "TRIAGE_CF_FETCH_BASE_URL"
 COMPRESSIONS = (None, "gzip", "xz", "bzip2")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
+# %% ../nbs/0_shared/07_fetch.ipynb #29d5a7cf
 def download_plan(manifest: dict) -> list[dict]:
     "The manifest's `download:` entries, checked, each with `target_sha256` (the pinned sha256 of the file it fills)."
     where = f"data_manifest/{manifest.get('name')}.yaml"
@@ -61,6 +62,7 @@ def download_plan(manifest: dict) -> list[dict]:
 # %% ../nbs/0_shared/07_fetch.ipynb #4dda8bcc
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://([^/?#]*)([^?#]*)(\?[^#]*)?")
 
+# %% ../nbs/0_shared/07_fetch.ipynb #d56dfa9d
 def mirror_url(url: str, base_url: str | None = None) -> str:
     "`url` on the host of `base_url` (else `$TRIAGE_CF_FETCH_BASE_URL`; neither: `url` unchanged), same path and query."
     base_url = base_url or os.environ.get(FETCH_BASE_URL_ENV)
@@ -76,6 +78,7 @@ def mirror_url(url: str, base_url: str | None = None) -> str:
 class AccessNotOpen(PermissionError):
     "A credentialed or restricted dataset: `fetch` downloads nothing; the message says where access is granted."
 
+# %% ../nbs/0_shared/07_fetch.ipynb #3efdbee1
 def access_guidance(manifest: dict, root: str | Path | None = None) -> str:
     "What to do to get a non-open dataset: where access is granted, and which files go where under the data root."
     root = Path(root or _data_root())
@@ -94,6 +97,7 @@ def _refused(entry: dict, url: str, what: str) -> ValueError:
     return ValueError(f"download of {entry['path']!r} from {url} refused: {what}. Nothing was placed; run the fetch "
                       f"again (a corrupted transfer is downloaded afresh) or check the source and the manifest's sha256")
 
+# %% ../nbs/0_shared/07_fetch.ipynb #b4965c15
 def fetch_file(entry: dict, root: str | Path | None = None, base_url: str | None = None, progress: bool = False) -> str:
     "Place one `download_plan` entry under the data root: 'present', 'fetched' or 'replaced'; raises when refused."
     root = Path(root or _data_root())
@@ -139,6 +143,7 @@ def fetch_manifest(manifest: dict, root: str | Path | None = None, base_url: str
     verify_files(manifest, root)
     return done
 
+# %% ../nbs/0_shared/07_fetch.ipynb #60676144
 def fetch_dataset(name: str | Path | dict, data_root: str | Path | None = None, base_url: str | None = None,
                   progress: bool = False) -> dict[str, str]:
     "`fetch_manifest` for dataset `name` (a manifest name, a manifest YAML path, or a manifest dict)."

@@ -32,6 +32,7 @@ def shown(df: pd.DataFrame, policy: AccessPolicy | None) -> pd.DataFrame:
     "`df` as a rendered output of this run may show it (small cells suppressed in aggregate-only runs)."
     return suppress_small_cells(df, policy.min_cell) if policy is not None and policy.aggregate_only else df
 
+# %% ../nbs/0_shared/01_governance.ipynb #7badb3b7
 def shown_count(n: int, policy: AccessPolicy | None) -> str:
     "A count of records as a rendered output may show it: '<10' for 1..9 in aggregate-only runs."
     n = int(n)
@@ -43,6 +44,7 @@ def shown_count(n: int, policy: AccessPolicy | None) -> str:
 ID_COLUMNS = ("record_id", "patient_id")
 IDENTIFYING_COLUMNS = (*ID_COLUMNS, *TEXT_COLUMNS)   # a rendered table with one of these columns is record-level
 
+# %% ../nbs/0_shared/01_governance.ipynb #6820e49f
 def _safe_display(obj, policy: AccessPolicy):
     "(frame to show, or None when withheld) for a DataFrame or Series under `policy`."
     df = obj.to_frame() if isinstance(obj, pd.Series) else obj
@@ -51,10 +53,12 @@ def _safe_display(obj, policy: AccessPolicy):
         return None
     return suppress_small_cells(df, policy.min_cell)
 
+# %% ../nbs/0_shared/01_governance.ipynb #d8ab4993
 def _withheld(policy: AccessPolicy) -> str:
     return (f"[record-level table withheld: dataset {policy.dataset} is {policy.access}; record-level artifacts stay "
             "in the run folder's data/]")
 
+# %% ../nbs/0_shared/01_governance.ipynb #24931b77
 def install_display_policy(policy: AccessPolicy | None) -> bool:
     "In an IPython kernel of an aggregate-only run, make DataFrame/Series displays aggregate-only; True if installed."
     if policy is None or not policy.aggregate_only:
@@ -84,9 +88,11 @@ MIN_TEXT_CHARS = 20       # free-text values shorter than this are not matched (
 NGRAM = 6                 # free text is matched through its 6-word sequences
 _WORD_RUN = re.compile(r"\w+")
 
+# %% ../nbs/0_shared/01_governance.ipynb #e0ddfdd1
 def _words(text: str) -> list[str]:
     return [w.lower() for w in _WORD_RUN.findall(text)]
 
+# %% ../nbs/0_shared/01_governance.ipynb #c6e723d6
 @dataclass
 class ScanIndex:
     "Hashed word sequences of a run's ids and free-text values, each labelled with what it is."
@@ -97,6 +103,7 @@ class ScanIndex:
     @classmethod
     def empty(cls) -> "ScanIndex": return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
 
+# %% ../nbs/0_shared/01_governance.ipynb #1997d852
 def build_index(records: pd.DataFrame, text_fields: list[str], ngram: int = NGRAM, min_id_chars: int = MIN_ID_CHARS,
                 min_text_chars: int = MIN_TEXT_CHARS, common_in: int = MIN_CELL) -> ScanIndex:
     "The scan index of a record table: its ids and the free-text sequences specific to fewer than `common_in` records."
@@ -138,16 +145,19 @@ class Finding:
     what: str          # e.g. "free text of field 'hpi' of a record"
     def __str__(self) -> str: return f"{self.output} {self.location}: {self.what}"
 
+# %% ../nbs/0_shared/01_governance.ipynb #72521f62
 _HTML_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.S | re.I)
 _DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=\s]+")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
+# %% ../nbs/0_shared/01_governance.ipynb #da70366b
 def html_text(text: str) -> str:
     "The text of an HTML document (scripts, styles, tags and embedded images removed; entities decoded; newlines kept)."
     text = _DATA_URI.sub(" ", text)
     text = _HTML_TAG.sub(lambda m: "\n" * m.group(0).count("\n") or " ", text)
     return _html.unescape(text)
 
+# %% ../nbs/0_shared/01_governance.ipynb #61fa987b
 def scan_text(text: str, output: str, index: ScanIndex, location: str = "", is_html: bool = False,
               max_k: int = NGRAM, limit: int = 5) -> list[Finding]:
     "Findings of `index` in `text` (at most `limit` per kind of value), located by line."
@@ -197,6 +207,7 @@ def scan_notebook(nb, output: str, index: ScanIndex) -> list[Finding]:
                     out += scan_text(val, output, index, f"{cname} output {oi} ({mime})", is_html="html" in mime or "svg" in mime)
     return out
 
+# %% ../nbs/0_shared/01_governance.ipynb #bb3a696f
 def check_table(path: Path, output: str, policy: AccessPolicy) -> list[Finding]:
     "Aggregate-only checks of a rendered CSV table: no identifying column, no count cell of 1..min_cell-1."
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -207,9 +218,11 @@ def check_table(path: Path, output: str, policy: AccessPolicy) -> list[Finding]:
         out += [Finding(output, f"row {i + 2}, column {c!r}", f"count cell of fewer than {policy.min_cell} records") for i in bad[:5]]
     return out
 
+# %% ../nbs/0_shared/01_governance.ipynb #56d8ed8c
 #: text files of a run folder that are rendered (read by people); PNG figures are not read (no OCR)
 RENDERED_SUFFIXES = {".csv", ".md", ".html", ".htm", ".txt", ".json", ".ipynb", ".tex", ".svg", ".tsv"}
 
+# %% ../nbs/0_shared/01_governance.ipynb #6e366bac
 def rendered_files(paths: RunPaths) -> list[Path]:
     "Every rendered text file of a run folder: everything outside data/ except run.json and hidden files."
     out = []
@@ -224,6 +237,7 @@ def rendered_files(paths: RunPaths) -> list[Path]:
 # %% ../nbs/0_shared/01_governance.ipynb #0000e3e6
 _INDEX_CACHE: dict = {}
 
+# %% ../nbs/0_shared/01_governance.ipynb #690ab3e1
 def index_for_run(paths: RunPaths, policy: AccessPolicy | None = None) -> ScanIndex:
     "The scan index of a run folder's records (empty before 01_data has written data/records.parquet)."
     rec = paths.data / "records.parquet"
@@ -243,6 +257,7 @@ def index_for_run(paths: RunPaths, policy: AccessPolicy | None = None) -> ScanIn
         _INDEX_CACHE[key] = build_index(records, fields)
     return _INDEX_CACHE[key]
 
+# %% ../nbs/0_shared/01_governance.ipynb #ba63382a
 def scan_run(paths: RunPaths, policy: AccessPolicy, index: ScanIndex | None = None, pending: dict | None = None) -> list[Finding]:
     """Findings in every rendered file of the run folder, and in `pending` outputs about to be written
     ({relative path: notebook node or text}), which replace the files of the same path."""
@@ -276,6 +291,7 @@ class RenderBlocked(RuntimeError):
             lines.append(f"  the unscanned execution stays outside the rendered folders: {kept}")
         super().__init__("\n".join(lines))
 
+# %% ../nbs/0_shared/01_governance.ipynb #0216f79c
 def guard_rendered(text: str, paths: RunPaths, output: str) -> list[Finding]:
     """Scan `text`, about to be written as rendered `output` of the run (e.g. report.html); in an aggregate-only run
     raise RenderBlocked on a finding, else return the findings."""
@@ -287,12 +303,14 @@ def guard_rendered(text: str, paths: RunPaths, output: str) -> list[Finding]:
         raise RenderBlocked(output, policy, found)
     return found
 
+# %% ../nbs/0_shared/01_governance.ipynb #c8f11721
 def sanitize_message(msg: str, paths: RunPaths, policy: AccessPolicy) -> str:
     "An error message of an aggregate-only run, withheld when it holds record data (it goes to run.json and the terminal)."
     if not policy.enforce or not scan_text(msg, "message", index_for_run(paths, policy)):
         return msg
     return msg.split(":", 1)[0] + ": (error message withheld: it holds record data; see the executed notebook under data/_executed/)"
 
+# %% ../nbs/0_shared/01_governance.ipynb #7970de4e
 def publish_notebook(paths: RunPaths, stage: str, executed: Path, policy: AccessPolicy) -> list[Finding]:
     """Scan a stage's executed notebook, its HTML and the run's rendered files; then write notebooks/<stage>.ipynb and
     html/<stage>.html. Aggregate-only run with findings: nothing of the stage is rendered, leaking rendered files are

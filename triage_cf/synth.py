@@ -52,6 +52,7 @@ _FR_POSSESSIVES = set(_CUES["fr_possessives"])
 _FR_IMPERSONAL_NEXT = set(_CUES["fr_impersonal_next"])
 _TOKEN = re.compile(r"[A-Za-zÀ-ÖØ-öø-ÿŒœ][A-Za-zÀ-ÖØ-öø-ÿŒœ'’\-]*|[0-9]+|[.;:!?\n]")
 
+# %% ../nbs/0_shared/03_synth.ipynb #b840bef9
 def _fr_counts(text: str) -> tuple[int, int]:
     toks = _TOKEN.findall(text)
     f = m = 0
@@ -89,6 +90,7 @@ _EN_F = set(_CUES["en_female"])
 _EN_M = set(_CUES["en_male"])
 _EN_SHORTHAND = re.compile(r"(?<![\w.])(\d{1,3})\s?(?:yo|y/o|y\.o\.)?\s?([MF])(?![\w])")
 
+# %% ../nbs/0_shared/03_synth.ipynb #7e92430d
 def _en_counts(text: str) -> tuple[int, int]:
     f = m = 0
     for tok in re.findall(r"[A-Za-z]+", text):
@@ -122,6 +124,7 @@ _PHRASE_RE = {lang: re.compile(r"(?<!\w)(" + "|".join(re.escape(p) for p in sort
                                re.IGNORECASE) for lang, d in SEVERITY_PHRASES.items()}
 _PHRASE_W = {lang: {p.lower(): w for p, w in d.items()} for lang, d in SEVERITY_PHRASES.items()}
 
+# %% ../nbs/0_shared/03_synth.ipynb #9fda998d
 def severity_phrases(text, lang: str) -> list[str]:
     "The severity phrases the labelling process reads in `text` (lower case, in order; a negation wins over its red flag)."
     if text is None or (isinstance(text, float) and math.isnan(text)) or text is pd.NA:
@@ -151,10 +154,12 @@ DEFAULT_KNOBS = {
 #: the knobs of the labelling process (the oracle's); the other knobs only shape the records
 ORACLE_KNOBS = ("bias_tab", "bias_text", "noise_scale", "bias_local", "bias_local_cc")
 
+# %% ../nbs/0_shared/03_synth.ipynb #fa290b22
 def local_codes(knobs: Mapping) -> list[str]:
     "The complaint classes (codes) where `bias_local` acts: the knob `bias_local_cc`, comma-separated."
     return [c.strip() for c in str(knobs.get("bias_local_cc") or "").split(",") if c.strip()]
 
+# %% ../nbs/0_shared/03_synth.ipynb #56b64c08
 def _knobs(lang: str, given: Mapping) -> dict:
     "Defaults of `lang` overridden by the non-None `given` knobs; unknown knobs are an error."
     if lang not in DEFAULT_KNOBS:
@@ -247,6 +252,7 @@ def _cum_proba(mu: np.ndarray, sigma: float) -> np.ndarray:
     "P(Y <= k), k = 1..4, shape (n, 4)."
     return expit((CUTPOINTS[None, :] - mu[:, None]) / sigma)
 
+# %% ../nbs/0_shared/03_synth.ipynb #96366a56
 def oracle_proba(records, lang: str, bias_tab: float | None = None, bias_text: float | None = None,
                  noise_scale: float | None = None, **generator_knobs) -> np.ndarray:
     "Exact level distribution $P(Y = k \\mid x)$, shape (n, 5), columns = levels 1..5, for any canonical records."
@@ -264,6 +270,7 @@ def oracle_predict(records, lang: str, **knobs) -> np.ndarray:
 # %% ../nbs/0_shared/03_synth.ipynb #51bb531c
 _MARK = re.compile(r"\[\[([^|\]]*)\|([^\]]*)\]\]")
 
+# %% ../nbs/0_shared/03_synth.ipynb #94509cbb
 def render(markup: str | None, sex: str) -> str | None:
     "Render a note template for `sex` ('M' takes the left side of every `[[m|f]]`, 'F' the right side)."
     if markup is None:
@@ -272,6 +279,7 @@ def render(markup: str | None, sex: str) -> str | None:
         raise ValueError(f"render: sex must be 'F' or 'M', got {sex!r}")
     return _MARK.sub(lambda m: m.group(1) if sex == "M" else m.group(2), markup)
 
+# %% ../nbs/0_shared/03_synth.ipynb #bbbc5bce
 def _cap(s: str) -> str:
     "Upper-case the first letter (on both sides of a leading `[[m|f]]`)."
     if s.startswith("[["):
@@ -288,6 +296,7 @@ _FR_ARTICLE = re.compile(r"^(une |un |des |l')")
 #: stems of the paper's Appendix A (Tables 4 and 5): the generator never lets a typo create one
 _APPENDIX_STEMS = _TEMPLATES["appendix_stems"]
 
+# %% ../nbs/0_shared/03_synth.ipynb #c9bd6027
 def _has_stem(text: str, lang: str) -> bool:
     low = text.lower()
     return any(s in low for s in _APPENDIX_STEMS[lang])
@@ -312,6 +321,7 @@ CUE_COLUMN = {"fr": "x_indice_sexe_texte", "en": "x_note_sex_cue"}
 #: canonical extra column flagging inherently sex-specific content (Appendix A class or term)
 SEX_SPECIFIC_COLUMN = {"fr": "x_contenu_sexe_specifique", "en": "x_sex_specific_content"}
 
+# %% ../nbs/0_shared/03_synth.ipynb #b50153c6
 def other_sex_columns(lang: str) -> dict:
     "Canonical text field -> canonical extra column with its exact other-sex rendering (fields absent here never carry gender)."
     return dict(OTHER_SEX_COLUMNS[lang])
@@ -347,6 +357,7 @@ CASE_MIX_BY_SEX = dict(
     log_ratio_class={"TRAU05": 0.3, "TRAU07": -0.9, "TOXI02": -0.9, "CARD03": -0.6, "CARD01": -0.2, "URIN01": -0.4,
                      "URIN02": 1.0, "NEUR02": 0.5, "NEUR05": 0.3, "PSYC01": 0.4, "DIGE01": 0.3, "RHUM02": 0.2})
 
+# %% ../nbs/0_shared/03_synth.ipynb #714bb3f0
 def class_weights(lang: str, sex: str, case_mix: float) -> np.ndarray:
     "Sampling weights of `CC_CLASSES` for patients of `sex` (before the sex restriction): $w\\,e^{\\pm c\\lambda/2}$."
     lam = CC_CLASSES.group.map(CASE_MIX_BY_SEX["log_ratio_group"]).fillna(0.0)
@@ -363,6 +374,7 @@ def _adult_age(u: np.ndarray, mean: float, sd: float) -> np.ndarray:
         raise ValueError(f"age_mean={mean}, age_sd={sd} cannot be reached by an adult age on 18-105")
     return 18 + 87 * beta.ppf(u, m * k, (1 - m) * k)
 
+# %% ../nbs/0_shared/03_synth.ipynb #1762ac10
 def _age_by_sex(u: np.ndarray, female: np.ndarray, kn: dict) -> np.ndarray:
     "Adult ages, women older than men by `age_gap` $\\times c$ years, the mean over both sexes kept at `age_mean`."
     gap, sf = CASE_MIX_BY_SEX["age_gap"] * kn["case_mix_by_sex"], kn["share_female"]
@@ -371,6 +383,7 @@ def _age_by_sex(u: np.ndarray, female: np.ndarray, kn: dict) -> np.ndarray:
     out[~female] = _adult_age(u[~female], kn["age_mean"] - gap * sf, kn["age_sd"])
     return out
 
+# %% ../nbs/0_shared/03_synth.ipynb #a5408622
 def _pick_class(u: np.ndarray, sex: np.ndarray, sexspec: np.ndarray, lang: str, case_mix: float = 0.0) -> np.ndarray:
     "Complaint class by inverse CDF of the weights allowed for (sex, sex-specific or not), tilted by sex (`class_weights`)."
     out = np.empty(len(u), dtype=object)
@@ -385,9 +398,9 @@ def _pick_class(u: np.ndarray, sex: np.ndarray, sexspec: np.ndarray, lang: str, 
             out[rows] = codes[np.minimum(np.searchsorted(cdf, u[rows], side="right"), len(codes) - 1)]
     return out
 
+# %% ../nbs/0_shared/03_synth.ipynb #3f88ede0
 def _sigmoid(x):
     return 1 / (1 + math.exp(-x))
-
 
 # %% ../nbs/0_shared/03_synth.ipynb #2a890165
 class _Slots(dict):
@@ -541,6 +554,7 @@ def _vitals_sentence(rnd: random.Random, lang: str, rec: dict) -> list[str]:
 # %% ../nbs/0_shared/03_synth.ipynb #38d6642e
 _ACCENTS = str.maketrans("éèêàâîôûç", "eeeaaiouc")
 
+# %% ../nbs/0_shared/03_synth.ipynb #a46c5ef0
 def _typo(markup: str, rnd: random.Random, lang: str) -> str:
     "One or two typos in plain words (5+ letters) outside `[[m|f]]` marks and severity phrases; never creates a gendered word, a stem, a phrase."
     protected = [m.span() for m in _MARK.finditer(markup)] + [m.span() for m in _PHRASE_RE[lang].finditer(markup)]
@@ -661,6 +675,7 @@ def _notes(lang: str, d: dict, size: int) -> tuple[list, list, list]:
 # %% ../nbs/0_shared/03_synth.ipynb #2f7dd3cd
 _CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)), "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
 
+# %% ../nbs/0_shared/03_synth.ipynb #701ec38d
 def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list, cc_free: list) -> dict:
     """What the first `size` records hold once each visit's missing field is blanked (en: no GCS, temperature through
     Fahrenheit); the complaint as the source writes it (`cc_label`; en: `cc_text`, the free-text complaint)."""
@@ -685,7 +700,6 @@ def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list, cc_
         r["tempf"] = np.round(vit["temp_c"] * 9 / 5 + 32, 1)
         vit["temp_c"] = (r["tempf"] - 32) * 5 / 9   # exactly what a loader converting the raw Fahrenheit value gets
     return r
-
 
 # %% ../nbs/0_shared/03_synth.ipynb #2327efc4
 def _raw_table(lang: str, d: dict, r: dict, size: int, notes: list, notes_other: list, level: np.ndarray,

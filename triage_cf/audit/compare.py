@@ -25,8 +25,10 @@ __all__ = ['COMPARE_TABLES', 'HEADLINE_CHECKS', 'CannotCompare', 'read_run', 'ch
 class CannotCompare(ValueError):
     "Runs that `compare_runs` refuses (the message names the run and why)."
 
+# %% ../../nbs/1_audit/14_compare.ipynb #219359a7
 COMPARE_TABLES = ("table3_bias_metrics", "fitness")
 
+# %% ../../nbs/1_audit/14_compare.ipynb #ce9563db
 def read_run(run_dir: str | Path) -> dict:
     "What `compare_runs` reads of one finished run: run.json, Table 3 (with the test's columns) and fitness."
     run = Path(run_dir)
@@ -63,6 +65,7 @@ def run_labels(runs: Sequence[dict]) -> list[str]:
     base = [f"{r['meta'].get('dataset', '?')}/{r['meta'].get('profile', '?')}" for r in runs]
     return [f"{b} ({Path(r['path']).name})" if base.count(b) > 1 else b for b, r in zip(base, runs)]
 
+# %% ../../nbs/1_audit/14_compare.ipynb #d6817b9a
 def comparison_long(runs: Sequence[dict]) -> pd.DataFrame:
     "One row per (run, model, view, metric): Table 3 with the test's columns, the run's access level and kappa_w."
     out = []
@@ -77,12 +80,14 @@ def comparison_long(runs: Sequence[dict]) -> pd.DataFrame:
 # %% ../../nbs/1_audit/14_compare.ipynb #a14c0012
 HEADLINE_CHECKS = ("female_skew", "PDR")
 
+# %% ../../nbs/1_audit/14_compare.ipynb #0a2b5022
 def _num(v) -> float:
     try:
         return float(v)
     except (TypeError, ValueError):
         return np.nan
 
+# %% ../../nbs/1_audit/14_compare.ipynb #76599bd8
 def _check_cell(r) -> str:
     "`x [lo, hi]` in points, then p and ★ for a finding, or the run's reason for no test."
     e, lo, hi = (100 * _num(getattr(r, c)) for c in ("estimate", "ci_low", "ci_high"))

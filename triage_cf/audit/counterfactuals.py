@@ -24,6 +24,7 @@ __all__ = ['PAIR_STATUSES', 'pairs_schema', 'validate_pairs', 'build_pairs', 'pa
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #38d8f132
 PAIR_STATUSES = ("ok", "excluded", "rejected", "unparsed")
 
+# %% ../../nbs/1_audit/06_counterfactuals.ipynb #107ab696
 def pairs_schema(text_fields: list[str]) -> pa.DataFrameSchema:
     "The pandera schema of `data/pairs.parquet` (the record's own columns are kept and not checked here)."
     cols = {
@@ -49,6 +50,7 @@ def pairs_schema(text_fields: list[str]) -> pa.DataFrameSchema:
                        name="ft_subsample_within_mlp_subsample")]
     return pa.DataFrameSchema(cols, checks=checks, strict=False, name="pairs")
 
+# %% ../../nbs/1_audit/06_counterfactuals.ipynb #65f6dd4e
 def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "pairs") -> pd.DataFrame:
     "Validate a pair table against `pairs_schema(text_fields)`; a ValueError names `source`, the column, check and count."
     return validate_frame(pairs_schema(text_fields), pairs, source, "the pair table")
@@ -56,6 +58,7 @@ def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "p
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #c8afbf7a
 _FLIP = {"F": "M", "M": "F"}
 
+# %% ../../nbs/1_audit/06_counterfactuals.ipynb #d889d697
 def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: str = "rules", rewriter=None,
                 analyser: str = "auto") -> pd.DataFrame:
     """One row per test record: the record, `cf_sex` = the other sex, `cf_<field>` = g(field; cf_sex) for every text
@@ -90,6 +93,7 @@ def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: s
     out.insert(0, "pair_id", np.arange(len(out)))
     return validate_pairs(out.reset_index(drop=True), text_fields, "build_pairs")
 
+# %% ../../nbs/1_audit/06_counterfactuals.ipynb #2ba4b4bb
 def pair_views(pairs: pd.DataFrame, view: str, text_fields: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     "(x, x') canonical records of the pair set $\\mathcal{I}$ in `view` (section 2.4), aligned row by row on `pair_id`."
     if view not in VIEWS:
@@ -131,11 +135,13 @@ def counterfactual_flow(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([t, pd.DataFrame([{"status": "test records", "n_orig_F": int((pairs.sex == "F").sum()),
                                         "n_orig_M": int((pairs.sex == "M").sum()), "n_total": len(pairs)}])], ignore_index=True)
 
+# %% ../../nbs/1_audit/06_counterfactuals.ipynb #a661d550
 def _changes(orig: list[str], new: list[str]) -> set[tuple]:
     "The edits turning token list `orig` into `new`, as (start, end, replacement) spans of `orig` (difflib alignment)."
     sm = difflib.SequenceMatcher(a=orig, b=new, autojunk=False)
     return {(i1, i2, tuple(new[j1:j2])) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal"}
 
+# %% ../../nbs/1_audit/06_counterfactuals.ipynb #c3c67e8f
 def counterfactual_quality(pairs: pd.DataFrame, truth_columns: dict[str, str], lang: str) -> pd.DataFrame:
     """Per text field: exact-match rate of g against the exact other-sex rendering, and word-level precision/recall
     of the changes, over the accepted rewrites whose field is present."""

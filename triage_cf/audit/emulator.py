@@ -49,9 +49,11 @@ SYSTEM_PROMPTS = {
            "grave. Juste le chiffre, sans explications."),
 }
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #7e8ae3a7
 def _lang(lang: str) -> str:
     return "fr" if str(lang).lower().startswith("fr") else "en"
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #a3009dc7
 def system_instruction(levels: Sequence[int], lang: str = "en") -> str:
     "Appendix B.1 system instruction for the triage `levels` (most severe first): French for `lang='fr'`, English otherwise."
     levels = [int(l) for l in levels]
@@ -89,6 +91,7 @@ YES_NO = {"en": ("yes", "no"), "fr": ("oui", "non")}
 NO_TEXT = {"en": "[no text]", "fr": "[pas de texte]"}
 ANSWER_CUE = {"en": "Triage score:", "fr": "Score de tri :"}
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #2e8e62d9
 def format_value(name: str, v, lang: str = "en") -> str:
     "One tabular value as prompt text (`NA` when missing; sex and booleans in words; times as HH:MM)."
     lang = _lang(lang)
@@ -106,6 +109,7 @@ def format_value(name: str, v, lang: str = "en") -> str:
         return f"{float(v):.2f}".rstrip("0").rstrip(".")
     return str(v).strip()
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #f3b10b39
 def render_patient(record: dict | pd.Series, view: str = "full", lang: str = "en",
                    fields: Sequence[str] = TAB_FIELDS, text_fields: Sequence[str] = TEXT_COLUMNS) -> str:
     "The patient block of one record in `view` (`full`, `text_iso`: no sex field, `tab_iso`: empty-text placeholder)."
@@ -144,6 +148,7 @@ def chat_prompt(tokenizer, system: str, user: str, lang: str = "en") -> str:
     bos = tokenizer.bos_token or ""
     return f"{bos}{system}\n\n{user}\n{ANSWER_CUE[_lang(lang)]}\n"
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #e96a953b
 def prompt_fields(records: pd.DataFrame, fields: Sequence[str] = TAB_FIELDS, text_fields: Sequence[str] = TEXT_COLUMNS):
     "(tabular fields, text fields) of the canonical table that are not all-missing (columns a dataset lacks)."
     missing = [c for c in (*fields, *text_fields) if c not in records.columns]
@@ -152,6 +157,7 @@ def prompt_fields(records: pd.DataFrame, fields: Sequence[str] = TAB_FIELDS, tex
     keep = lambda cs: tuple(c for c in cs if records[c].notna().any())
     return keep(fields), keep(text_fields)
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #eed829b8
 def render_prompts(records: pd.DataFrame, tokenizer, levels: Sequence[int], lang: str = "en", view: str = "full",
                    fields: Sequence[str] | None = None, text_fields: Sequence[str] | None = None) -> list[str]:
     "Prompt $x_p$ of every record (rows of the canonical table) in `view`, in the model's chat template."
@@ -171,6 +177,7 @@ LORA_TARGETS = [
     ("c_attn", "c_proj", "c_fc"),                                                   # gpt-2 style
 ]
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #5b62e99d
 def lora_target_modules(model) -> list[str]:
     "Names of the attention + MLP projection layers of `model` to adapt (resolved per architecture family)."
     import torch
@@ -182,6 +189,7 @@ def lora_target_modules(model) -> list[str]:
             return found
     raise ValueError(f"cannot resolve LoRA target modules for {type(model).__name__}; its linear layers are {sorted(names)}")
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #9278b9e3
 def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1, gradient_checkpointing: bool = False):
     "Wrap `model` with LoRA adapters (section 5.2); 4-bit models are first prepared for k-bit training (QLoRA)."
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -226,6 +234,7 @@ def stratified_subsample(df: pd.DataFrame, n: int | None, column: str | Sequence
 HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_acc", "seconds", "train_tokens", "tokens_per_s")
 _CHECKPOINT_FILES = ("state.json", "trainable.safetensors", "trainer_state.pt")
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #71ea9c23
 @dataclass
 class TrainResult:
     "What `train_emulator` returns (`step_losses`: the global batch's mean loss at every step this call ran)."
@@ -237,13 +246,16 @@ class TrainResult:
     n_truncated: int = 0
     step_losses: list = None
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #a52af769
 def _unwrap(model):
     "The model itself under a distributed wrapper (DDP / FSDP's `module`)."
     return getattr(model, "module", model)
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #c13cf0d1
 def trainable_state(model) -> dict:
     return {n: p.detach().to("cpu").contiguous().clone() for n, p in _unwrap(model).named_parameters() if p.requires_grad}
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #716c1970
 def load_trainable(model, state: dict):
     import torch
     params = dict(_unwrap(model).named_parameters())
@@ -254,6 +266,7 @@ def load_trainable(model, state: dict):
         for k, v in state.items():
             params[k].copy_(v.to(params[k].device, params[k].dtype))
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #c434a287
 def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, chunk_batches: int = 32) -> list[np.ndarray]:
     "Shuffled batches of similar-length sequences; a function of (seed, epoch) only."
     rng = np.random.default_rng([seed, epoch])
@@ -285,6 +298,7 @@ def _evaluate(model, seqs, label_pos, label_ids, pad_id, batch_size) -> tuple[fl
     model.train(was)
     return nll / max(len(seqs), 1), correct / max(len(seqs), 1)
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #16aadc4f
 def _train_val_split(pos: list[int], val_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     "Indices of the training and validation prompts (stratified by level when every level has two records)."
     idx = np.arange(len(pos))
@@ -312,6 +326,7 @@ def _find_checkpoint(ck_root: Path, config: dict, resume: bool) -> Path | None:
                              f"use another out_dir or resume=False")
     return ck
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #6412831a
 def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) -> None:
     "Write epoch `epoch`'s checkpoint through a temporary folder renamed into place, then the LATEST pointer (atomic)."
     import torch
@@ -462,6 +477,7 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
 # %% ../../nbs/1_audit/02_emulator.ipynb #34595b95
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #a0a29736
 def weights_sha256(folder: str | Path) -> dict[str, str]:
     "sha256 of every weight file of a model folder (`WEIGHT_SUFFIXES`), by path relative to the folder, sorted."
     folder = Path(folder)
@@ -489,6 +505,7 @@ def save_emulator(model, tokenizer, out_dir: str | Path, levels: Sequence[int], 
     os.replace(tmp, out_dir)
     return out_dir
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #203ccc7a
 def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_kw):
     "(model, tokenizer, meta) of a saved emulator; `base_model` (a folder or a model object) overrides the recorded one."
     from peft import PeftModel
@@ -527,7 +544,7 @@ class FineTuneSettings:
     qlora: bool = False
     num_processes: int = 1
 
-
+# %% ../../nbs/1_audit/02_emulator.ipynb #6ac74476
 def fine_tune(train: pd.DataFrame, name: str, settings: FineTuneSettings, levels: Sequence[int], lang: str,
               text_fields: Sequence[str], models_dir: str | Path, train_seed: int, fields: Sequence[str] | None = None,
               launch: Callable | None = None, progress: bool = True):
@@ -611,6 +628,7 @@ def export_merged(emulator_dir: str | Path, dest: str | Path, **load_kw) -> Path
     os.replace(tmp, dest)
     return dest
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #7498c7cc
 def emulator_client(emulator_dir: str | Path, levels: Sequence[int], backend: str = "vllm", merged_dir: str | Path | None = None,
                     served_model: str | None = None, **client_kw):
     """An LLM-layer client that gives the saved emulator's label distributions on `backend`: `vllm` (the merged model in
@@ -661,6 +679,7 @@ def predict_proba(backend, prompts: Sequence[str], ids: Sequence[str] | None = N
         parts.append(df[cols].to_numpy(np.float32))
     return np.concatenate(parts) if parts else np.zeros((0, len(levels)), dtype=np.float32)
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #ec6afb1b
 def proba_frame(probs: np.ndarray, levels: Sequence[int]) -> pd.DataFrame:
     "`p_<level>` columns, `pred` (argmax level, $\\hat y$) and `margin` (top-1 minus top-2 probability)."
     probs = np.asarray(probs, dtype=np.float64)
@@ -670,6 +689,7 @@ def proba_frame(probs: np.ndarray, levels: Sequence[int]) -> pd.DataFrame:
     df["margin"] = srt[:, -1] - srt[:, -2]
     return df
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #8c60a58c
 def predict_views(backend, tokenizer, records: pd.DataFrame, levels: Sequence[int], lang: str = "en",
                   views: Sequence[str] = VIEWS, fields: Sequence[str] | None = None, text_fields: Sequence[str] | None = None,
                   out_dir: str | Path | None = None, chunk_size: int = 1024, progress: bool = False) -> pd.DataFrame:
@@ -702,6 +722,7 @@ def reference_predict(model, tokenizer, prompts: Sequence[str], levels: Sequence
         tokenizer.pad_token = old_pad
     return [parse_level(o[0]["generated_text"], levels) for o in outs]
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #417256e8
 def parse_level(text: str, levels: Sequence[int]) -> int | None:
     "The level an answer text starts with: the longest prefix of its first digit run that is a level (else None)."
     m = re.match(r"\s*(\d+)", text)

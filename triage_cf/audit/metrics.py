@@ -51,6 +51,7 @@ METRIC_NEEDS = {"PDR": (), "NMDF": (),
                 "P_up_F_to_M": ("F_to_M",), "P_down_F_to_M": ("F_to_M",), "DTS_F_to_M": ("F_to_M",),
                 "NATS_up": DIRECTIONS, "NATS_down": DIRECTIONS, "female_skew": DIRECTIONS}
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #0aa92cf4
 def _arrays(orig_sex, pred_orig, pred_cf):
     s = np.asarray(orig_sex).astype(str)
     y, yc = np.asarray(pred_orig, dtype=np.int64), np.asarray(pred_cf, dtype=np.int64)
@@ -61,9 +62,11 @@ def _arrays(orig_sex, pred_orig, pred_cf):
         raise ValueError(f"orig_sex: {int(bad.sum())} value(s) not in {{F, M}}: {sorted(set(s[bad]))[:5]}")
     return s, y, yc
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #8996cb53
 def _mean(x: np.ndarray) -> float:
     return float(x.sum() / x.size) if x.size else float("nan")
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #082809d9
 def pdr(pred_orig, pred_cf) -> float:
     "Pairwise Disagreement Rate $\\mathrm{PDR} = P(f(x') \\ne f(x))$ over all pairs."
     y, yc = np.asarray(pred_orig), np.asarray(pred_cf)
@@ -129,6 +132,7 @@ def nmdf_expected(orig_sex, e_orig, e_cf) -> float:
 # %% ../../nbs/1_audit/08_metrics.ipynb #9c7eeb2e
 PAIR_SUMS = ("n_M", "n_F", "up_M", "down_M", "up_F", "down_F", "fm")
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #3ace3e33
 def pair_sums(is_male: np.ndarray, diff: np.ndarray) -> np.ndarray:
     "Per-pair (or per-category) contributions to the seven sums; `diff` = y' - y. Shape (n, 7)."
     m, f = is_male.astype(np.float64), 1.0 - is_male.astype(np.float64)
@@ -167,6 +171,7 @@ def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np
         obs.append(o); boot.append(draws @ F); jack.append(o[None, :] - F)
     return np.stack(obs), np.stack(boot), np.stack(jack), counts
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #ec0e6e23
 def _cluster_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.random.Generator, clusters):
     "`_resampled_sums` resampling clusters: each patient's pairs summed, patients drawn with replacement (chunks of 100)."
     codes, uniq = pd.factorize(np.asarray(clusters, dtype=object))
@@ -261,6 +266,7 @@ REQUIRED_COLUMNS = ("pair_id", "orig_sex", "pred_orig", "pred_cf", "condition")
 OPTIONAL_COLUMNS = ("model", "true_level", "exp_orig", "exp_cf", "cluster_id")
 DEFAULT_MODEL = "model"
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #144ef49c
 def _examples(values, k: int = 3) -> str:
     vals = pd.Series(values).astype(str).value_counts()
     return ", ".join(f"{v!r} (x{c})" for v, c in vals.head(k).items())
@@ -334,13 +340,16 @@ def validate_prediction_pairs(df: pd.DataFrame, source: str = "pairs") -> pd.Dat
 # %% ../../nbs/1_audit/08_metrics.ipynb #13337322
 TABLE3_COLUMNS = ["model", "condition", "metric", "estimate", "ci_low", "ci_high", "n_pairs", "remark"]
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #28f11c36
 def group_rng(seed: int, *names: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), zlib.crc32("\x1f".join(names).encode("utf-8"))])
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #b20e5ac5
 def _ordered(values: Iterable[str], first: Iterable[str] = ()) -> list[str]:
     seen = list(dict.fromkeys(values))
     return [v for v in first if v in seen] + [v for v in seen if v not in first]
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #862ae226
 def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: str = "percentile",
            confidence: float = 0.95) -> pd.DataFrame:
     """The metrics of every (model, condition) of a pair table with bootstrap CIs (Table 3 of the paper, long format);
@@ -358,6 +367,7 @@ def table3(pairs: pd.DataFrame, n_boot: int = 1000, seed: int = 0, ci_method: st
             out.append(t.assign(model=model, condition=cond))
     return pd.concat(out, ignore_index=True)[TABLE3_COLUMNS]
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #b71e9f20
 def format_table3(t3: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     "Render a `table3` like the paper: metrics as rows, (model, condition) as columns, proportions in percent."
     def cell(r):
@@ -409,6 +419,7 @@ REFERENCE_MODELS = ("oracle",)
 FITNESS_COLUMNS = ["model", "kappa_w", "ci_low", "ci_high", "n_test", "best_baseline", "best_baseline_kappa",
                    "fit_for_audit", "fitness_reason"]
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #a76d4239
 def fitness_table(test_predictions: Mapping[str, pd.DataFrame], levels, n_boot: int = 1000, seed: int = 0,
                   kappa_floor: float = 0.20, baseline_margin: float = 0.10) -> pd.DataFrame:
     """One row per model: $\\kappa_w$ with CI on its test records (full view of `data/predictions/test_<model>.parquet`:
@@ -430,6 +441,7 @@ def fitness_table(test_predictions: Mapping[str, pd.DataFrame], levels, n_boot: 
                          best_baseline_kappa=others.get(best, np.nan), fit_for_audit=fit, fitness_reason=why))
     return pd.DataFrame(rows, columns=FITNESS_COLUMNS)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #1d3b2d21
 def add_fitness(table: pd.DataFrame, fitness: pd.DataFrame) -> pd.DataFrame:
     "`table` (with a `model` column) with the `fit_for_audit` and `fitness_reason` of each model (NA where unknown)."
     f = fitness.set_index("model")
@@ -458,12 +470,14 @@ def discordance_by_level(pairs: pd.DataFrame) -> pd.DataFrame:
     t["delta_lt_M_minus_F"] = t.p_cf_lt_orig_M - t.p_cf_lt_orig_F
     return _sort_levels(t)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #53793f54
 def _sort_levels(t: pd.DataFrame) -> pd.DataFrame:
     mo = {m: i for i, m in enumerate(_ordered(t.model))}
     co = {c: i for i, c in enumerate(_ordered(t.condition, VIEWS))}
     key = t.model.map(mo) * 10**6 + t.condition.map(co) * 10**3
     return t.assign(_k=key).sort_values(["_k", "true_level"], kind="stable").drop(columns="_k").reset_index(drop=True)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #f3e13947
 def odds_ratio_2x2(a: int, b: int, c: int, d: int, confidence: float = 0.95) -> dict:
     """OR = (a d)/(b c) of the table [[a, b], [c, d]] with Woolf (log) CI and Wald p-value; "-" if a cell is zero.
     Here a, b = male originals with cf < orig, cf >= orig; c, d = the same for female originals."""
@@ -473,13 +487,16 @@ def odds_ratio_2x2(a: int, b: int, c: int, d: int, confidence: float = 0.95) -> 
     lo, hi = t.oddsratio_confint(alpha=1 - confidence, method="normal")
     return {"OR": float(t.oddsratio), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(t.oddsratio_pvalue())}
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #69942c54
 TABLE7_COUNTS = ["cf_lt_orig_M", "cf_ge_orig_M", "cf_lt_orig_F", "cf_ge_orig_F"]
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #165714c0
 def or_table_from_counts(counts: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     "Add OR, ci_low, ci_high, p_value to a frame holding the four count columns of `TABLE7_COUNTS` (one row per level)."
     res = [odds_ratio_2x2(*(int(r[c]) for c in TABLE7_COUNTS), confidence=confidence) for _, r in counts.iterrows()]
     return pd.concat([counts.reset_index(drop=True), pd.DataFrame(res, columns=["OR", "ci_low", "ci_high", "p_value"])], axis=1)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #6a3ffe1f
 def or_by_level(pairs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     "Table 7: per model, condition and true level, the counts of `cf < orig` / `cf >= orig` by original sex and the OR (M/F)."
     p = validate_prediction_pairs(pairs)
@@ -498,6 +515,7 @@ def or_by_level(pairs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
 # %% ../../nbs/1_audit/08_metrics.ipynb #ca3fcded
 PRETRAINING_METRICS = ("NATS_up", "NATS_down")
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #3760a4fd
 def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition: str = "full", n_boot: int = 1000,
                       seed: int = 0, ci_method: str = "percentile", confidence: float = 0.95,
                       metrics: Iterable[str] = METRICS) -> pd.DataFrame:
@@ -532,6 +550,7 @@ def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition
     out = pd.concat(parts, ignore_index=True)
     return out[out.metric.isin(list(metrics))][TABLE3_COLUMNS].reset_index(drop=True)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #1442d5dd
 def pretraining_comparison(pairs: pd.DataFrame, ft_model: str = "FT", fs_model: str = "FS", condition: str = "full",
                            n_boot: int = 1000, seed: int = 0, ci_method: str = "percentile",
                            confidence: float = 0.95, metrics: Iterable[str] = PRETRAINING_METRICS) -> pd.DataFrame:
@@ -541,6 +560,7 @@ def pretraining_comparison(pairs: pd.DataFrame, ft_model: str = "FT", fs_model: 
 # %% ../../nbs/1_audit/08_metrics.ipynb #52262456
 NULL_COLUMNS = ["null_estimate", "null_ci_low", "null_ci_high", "diff_ci_low", "diff_ci_high", "exceeds_null"]
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #921966aa
 def exceeds_null(estimate: float, ci_low: float, ci_high: float, null_estimate: float, diff_ci_low: float,
                  diff_ci_high: float):
     "True when the estimate's CI and the CI of estimate − null both exclude 0 and the difference has the estimate's sign."
@@ -550,6 +570,7 @@ def exceeds_null(estimate: float, ci_low: float, ci_high: float, null_estimate: 
     diff = diff_ci_low > 0 or diff_ci_high < 0
     return bool(own and diff and np.sign(estimate - null_estimate) == np.sign(estimate))
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #4b3481e5
 def null_comparison(pairs: pd.DataFrame, model: str, null_model: str, n_boot: int = 1000, seed: int = 0,
                     ci_method: str = "percentile", confidence: float = 0.95) -> pd.DataFrame:
     "Per condition and metric: the null twin's estimate and CI, the CI of model − null (joint resamples), `exceeds_null`."
@@ -563,6 +584,7 @@ def null_comparison(pairs: pd.DataFrame, model: str, null_model: str, n_boot: in
                              exceeds_null=exceeds_null(a.estimate, a.ci_low, a.ci_high, b.estimate, d.ci_low, d.ci_high)))
     return pd.DataFrame(rows)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #b6989871
 def add_null_columns(t3: pd.DataFrame, comparisons: Iterable[pd.DataFrame]) -> pd.DataFrame:
     "`t3` with the `NULL_COLUMNS` of `null_comparison` results (empty for models without a null twin)."
     comps = [c for c in comparisons if len(c)]
@@ -577,6 +599,7 @@ def add_null_columns(t3: pd.DataFrame, comparisons: Iterable[pd.DataFrame]) -> p
 #: Metrics whose value is 0 when the model does not react to the sex in either direction (signed differences).
 SIGNED_METRICS = ("DTS_M_to_F", "DTS_F_to_M", "NATS_up", "NATS_down", "NMDF", "female_skew")
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #2faabcbf
 def null_false_positive(null_t3: pd.DataFrame) -> pd.DataFrame:
     "Per null twin: how many signed metrics (all conditions) have a defined CI, how many exclude 0, and their share."
     s = null_t3[null_t3.metric.isin(SIGNED_METRICS) & null_t3.ci_low.notna() & null_t3.ci_high.notna()]
@@ -593,6 +616,7 @@ TESTED_METRICS = ("female_skew", "PDR", "NMDF", "NATS_up", "NATS_down")
 #: The pre-declared primary check of every model (the paper's headline), tested at alpha without adjustment.
 PRIMARY_CHECK = ("full", "female_skew")
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #3bfd3a19
 def metric_alternative(metric: str) -> str:
     return "greater" if metric == "PDR" else "two-sided"
 
@@ -618,11 +642,11 @@ def rank_p(real: float, null, alternative: str = "two-sided") -> float:
     ge, le = (1 + (null >= real).sum()) / (len(null) + 1), (1 + (null <= real).sum()) / (len(null) + 1)
     return float(ge if alternative == "greater" else min(1.0, 2 * min(ge, le)))
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #a9058642
 def rank_decides(n_null: int, alternative: str = "two-sided", alpha: float = 0.05) -> bool:
     """Whether the rank p-value can fall below `alpha` with $K$ nulls: $2/(K+1) < \\alpha$ ($K \\geq 40$ at 0.05),
     one-sided $1/(K+1) < \\alpha$."""
     return (2 if alternative == "two-sided" else 1) / (n_null + 1) < alpha
-
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #7a1c0e03
 def rank_mde(null_sd: float, n_null: int, alpha: float = 0.05, power: float = 0.8) -> float:
@@ -724,6 +748,7 @@ def _expected_estimate(g: pd.DataFrame) -> dict:
     d = np.where(g.orig_sex.to_numpy() == "M", g.exp_cf - g.exp_orig, g.exp_orig - g.exp_cf)
     return {"NMDF_expected": float(d.mean()), "se_NMDF_expected": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else np.nan}
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #e572ade0
 def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) -> tuple[list, list]:
     "Per-set estimates of the real trainings and the null emulators, after checking they score the same pairs."
     est, keys = [], None
@@ -773,7 +798,7 @@ PERMUTATION_COLUMNS = ["model", "condition", "metric", "check", "estimate", "ci_
                        "n_null", "null_median", "null_q025", "null_q975", "null_sd", "effect", "p", "p_perm", "p_method",
                        "q", "significant", "fit_for_audit", "finding", "mde", "remark"]
 
-
+# %% ../../nbs/1_audit/08_metrics.ipynb #e05af226
 def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.DataFrame | None = None,
                      alpha: float = 0.05, power: float = 0.8, n_boot: int = 1000, seed: int = 0,
                      confidence: float = 0.95, source: str = "pairs") -> pd.DataFrame:
@@ -802,6 +827,7 @@ TEST_COLUMNS = ["check", "train_ci_low", "train_ci_high", "n_null", "null_median
                 "finding", "mde", "test"]
 UNTESTED = "untested: fewer than 2 null emulators"
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #5e260148
 def add_test_columns(t3: pd.DataFrame, pt: pd.DataFrame | None = None) -> pd.DataFrame:
     """Table 3 with `permutation_test`'s result beside each tested (model, condition, metric) row; NA elsewhere, where
     `test` says why (`UNTESTED`; the reference; '' for a metric outside `TESTED_METRICS`)."""
@@ -824,12 +850,14 @@ def add_test_columns(t3: pd.DataFrame, pt: pd.DataFrame | None = None) -> pd.Dat
 #: The values of Tables 6 and 7 that `add_level_tests` tests against the null emulators.
 LEVEL_TESTS = {"table6": ("delta_gt_M_minus_F", "delta_lt_M_minus_F"), "table7": ("OR",)}
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #498c4819
 def _defined(s: pd.Series, log: bool) -> np.ndarray:
     "A Table 6/7 column as floats: '-' (undefined: a zero cell) is NaN, an OR on the log scale."
     x = pd.to_numeric(s.replace("-", np.nan), errors="raise").to_numpy(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.log(x) if log else x
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #3720daf1
 def add_level_tests(table: pd.DataFrame, null_table: pd.DataFrame | None, values, fitness: pd.DataFrame | None = None,
                     alpha: float = 0.05) -> pd.DataFrame:
     """Table 6 or 7 with, for each column `v` of `values`, `v_null_median`, `v_null_q025`, `v_null_q975`, `v_n_null`,
@@ -873,6 +901,7 @@ def add_level_tests(table: pd.DataFrame, null_table: pd.DataFrame | None, values
 #: Annual ED visits used in the paper's Discussion.
 NATIONAL_ED_VISITS = {"France": 20.9e6, "United States": 155.4e6}
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #0ec49e6b
 def impact_table(t3: pd.DataFrame, volumes: Mapping[str, float] | None = None, female_share: float = 0.5,
                  conditions: Iterable[str] | None = ("full",)) -> pd.DataFrame:
     """Yearly number of visits by women that get the higher (less severe) score because of the skew:
@@ -893,11 +922,13 @@ def impact_table(t3: pd.DataFrame, volumes: Mapping[str, float] | None = None, f
                          "visits_ci_low": k * lo, "visits_ci_high": k * hi, "reportable": ok, "remark": remark})
     return pd.DataFrame(rows)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #610c1d87
 def _impact_ci(r) -> tuple[float, float]:
     "The CI a count carries: the test's training-and-pairs CI where the row was tested, else the pairs' bootstrap CI."
     lo, hi = float(r.get("train_ci_low", np.nan)), float(r.get("train_ci_high", np.nan))
     return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else (float(r.ci_low), float(r.ci_high))
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #fabf63f7
 def _impact_reportable(r, lo: float, hi: float) -> tuple[bool, str]:
     "(reportable, remark) of one female_skew row of a table3: only the truth, or a finding of the audit's test."
     if not (np.isfinite(lo) and np.isfinite(hi)) or (lo <= 0 <= hi):
@@ -920,9 +951,11 @@ def _impact_reportable(r, lo: float, hi: float) -> tuple[bool, str]:
 # %% ../../nbs/1_audit/08_metrics.ipynb #85819207
 _CONDITION_COLORS = {"full": "#1f77b4", "text_iso": "#ff7f0e", "tab_iso": "#2ca02c"}
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #eecf48e8
 def _color(cond: str, i: int) -> str:
     return _CONDITION_COLORS.get(cond, plt.rcParams["axes.prop_cycle"].by_key()["color"][(i + 3) % 10])
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #463f18e1
 def figure3_forest(t3: pd.DataFrame, title: str | None = None):
     "Forest plot of a `table3` (Figure 3): metrics × conditions with CIs, one column per model. Returns the figure."
     models = _ordered(t3.model)
@@ -960,9 +993,11 @@ def _unfit(v) -> bool:
     "A fitness flag that says *not fit* (None / NA: no verdict, so not greyed)."
     return v is not None and not pd.isna(v) and not bool(v)
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #b80eda89
 #: The headline metrics of Figure 4 and of the report's summary.
 FIGURE4_METRICS = ("PDR", "female_skew", "NATS_up", "NATS_down")
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #5adcc650
 def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: Iterable[str] = FIGURE4_METRICS,
                            title: str | None = None):
     """Figure 4: the headline metrics of every audited model in one `condition` (filled: the estimate with the test's
@@ -1013,6 +1048,7 @@ def _read_csv_text(path: str | Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: empty file (no header, 0 data rows)") from None
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #a3c6d809
 def read_pairs_csv(pairs_csv: str | Path) -> pd.DataFrame:
     "Read and validate a pair CSV (see `validate_prediction_pairs`); errors name the file."
     return validate_prediction_pairs(_read_csv_text(pairs_csv), source=str(pairs_csv))
@@ -1054,6 +1090,7 @@ def null_emulator_metrics(null_pairs: pd.DataFrame, source: str = "null emulator
 def _write_csv(df: pd.DataFrame, path: Path) -> Path:
     return atomic_write_text(path, df.to_csv(index=False, lineterminator="\n"))
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #098b75aa
 def _table3_replicates(pairs: pd.DataFrame, source: str, **kw) -> pd.DataFrame:
     "`table3` of a pair table, one per training (`replicate` column) where there are several."
     if "replicate" not in pairs.columns:

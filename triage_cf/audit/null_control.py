@@ -31,6 +31,7 @@ __all__ = ['CASE_MIX_CATEGORICAL', 'CASE_MIX_NUMERIC', 'PROPENSITY_C', 'NULL_PER
 # %% ../../nbs/1_audit/01_null_control.ipynb #f740c802
 _OTHER = {"F": "M", "M": "F"}
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #18f81082
 def other_sex_rewrites(records: pd.DataFrame, text_fields: list[str], lang: str) -> dict[str, list]:
     """$g$ of every text field of every record to the other sex (field -> `RewriteResult`s, in record order): the same
     for every permutation, so a stage with $K$ null emulators computes it once (batched through the analyser)."""
@@ -45,6 +46,7 @@ def rewritable(rewrites: dict, text_fields: list[str], n: int) -> np.ndarray:
     "Which of the `n` records $g$ can rewrite in every text field (`other_sex_rewrites`): the ones a null may re-sex."
     return np.array([all(rewrites[f][i].status in ("ok", "missing") for f in text_fields) for i in range(n)], bool)
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #3d80be2a
 def assign_sex(records: pd.DataFrame, text_fields: list[str], new_sex, rewrites: dict) -> pd.DataFrame:
     "`records` with `sex` = `new_sex`, the text fields of every record whose sex changed rewritten by $g$."
     out, sex, new_sex = records.copy(), records["sex"].astype(str).to_numpy(), np.asarray(new_sex, dtype=object)
@@ -91,6 +93,7 @@ def sex_level_association(records: pd.DataFrame) -> dict:
 CASE_MIX_CATEGORICAL = ("cc_code", "arrival_mode")
 CASE_MIX_NUMERIC = ("hr", "rr", "sbp", "dbp", "spo2", "temp_c", "gcs", "pain")
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #ce54896f
 def _propensity_model(records: pd.DataFrame, notes: bool = False) -> tuple[Pipeline, list[str]]:
     "The unfitted propensity pipeline and the columns it reads (`_notes`: the sex-neutral notes, when `notes`)."
     has = lambda c: c in records.columns and records[c].notna().any()
@@ -114,6 +117,7 @@ def sex_neutral_notes(records: pd.DataFrame, text_fields: list[str], rewrites: d
 # %% ../../nbs/1_audit/01_null_control.ipynb #5b0e7c21
 PROPENSITY_C = (0.01, 0.03, 0.1, 0.3, 1.0)   # the logistic regression's inverse penalty, chosen by cross-validated log loss
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #2bda155d
 def sex_propensity(records: pd.DataFrame, notes: list[str] | None = None, cv: int = 5, seed: int = 0) -> np.ndarray:
     """$\\hat q(x_i) = \\hat P(S_i = F \\mid x_i)$ of every record from its case mix (the logistic regression above; with
     `notes`, their TF-IDF too): its penalty chosen by `cv`-fold log loss (`PROPENSITY_C`), each record's $\\hat q$ from
@@ -149,6 +153,7 @@ def _sweeps(female: np.ndarray, logit_q: np.ndarray, n_sweeps: int, rng: np.rand
 # %% ../../nbs/1_audit/01_null_control.ipynb #ac35b5fc
 NULL_PERMUTATIONS = ("conditional", "uniform")
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #15b8461d
 def null_sexes(records: pd.DataFrame, eligible: np.ndarray, n_copies: int, seed: int, method: str = "conditional",
                n_sweeps: int = 50, q: np.ndarray | None = None) -> list[np.ndarray]:
     """`n_copies` draws of the records' sexes for null emulators, among the `eligible` records: `conditional` (Berrett
@@ -169,6 +174,7 @@ def null_sexes(records: pd.DataFrame, eligible: np.ndarray, n_copies: int, seed:
         out.append(s)
     return out
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #3a548069
 def _uniform(sex: np.ndarray, eligible: np.ndarray, seed) -> np.ndarray:
     out = sex.copy()
     out[eligible] = np.random.default_rng(seed).permutation(sex[eligible])
@@ -214,6 +220,7 @@ def _known_propensity(propensity, n: int) -> np.ndarray:
                          + ("" if p.shape != (n,) else f", {bad} outside (0, 1)"))
     return p
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #15411f33
 def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copies: int, seed: int,
                 method: str = "conditional", notes: bool = True, fix_marked: bool = True,
                 propensity=None, movable=None) -> tuple[list[np.ndarray], dict]:
@@ -244,6 +251,7 @@ def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copi
 #: The emulators that can have null emulators (stage 05_emulator: FT; 06_baselines: FS, RF, MLP).
 NULL_MODELS = ("FT", "FS", "RF", "MLP")
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #a897c6ea
 def null_counts(null_models, null_seeds) -> dict[str, int]:
     """$K$, the null emulators of each model of `null_models`: `null_seeds` is one count for all of them or a mapping
     model -> count that names every one of them (it may name other emulators of `NULL_MODELS`, which are ignored)."""
@@ -262,6 +270,7 @@ def null_counts(null_models, null_seeds) -> dict[str, int]:
         raise ValueError(f"null_seeds: the number of null emulators must be a whole number >= 0, got {bad}")
     return {m: int(given[m]) for m in models}
 
+# %% ../../nbs/1_audit/01_null_control.ipynb #581b1244
 def null_training_seed(seed: int, k: int) -> int:
     "The training seed of null emulator $k$ of a run with seed `seed`: `seed + 1000 (k + 1)`."
     return int(seed) + 1000 * (int(k) + 1)

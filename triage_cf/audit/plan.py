@@ -91,6 +91,7 @@ CPU_MEASURED["null_control_s_per_record"] = {"en": (29.6 / 2.217 - 10.5) / 3000,
 # %% ../../nbs/1_audit/11_plan.ipynb #43ba3d1c
 _KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
 
+# %% ../../nbs/1_audit/11_plan.ipynb #71caafac
 def _from_config_json(path: Path) -> dict:
     cfg = json.loads(path.read_text())
     cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
@@ -102,6 +103,7 @@ def _from_config_json(path: Path) -> dict:
     out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     return out
 
+# %% ../../nbs/1_audit/11_plan.ipynb #bf81e268
 @lru_cache(maxsize=8)
 def _smollm2_config() -> tuple[dict, str]:
     conv = cache_dir() / "models" / SMOLLM2_NAME / "config.json"
@@ -118,6 +120,7 @@ def _smollm2_config() -> tuple[dict, str]:
     cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
     return cfg, f"{path} (GGUF header; not yet converted)"
 
+# %% ../../nbs/1_audit/11_plan.ipynb #f0b73840
 def model_config(ft_model: str) -> tuple[dict, str]:
     "(architecture, where it was read) of `ft_model`: 'smollm2', 'tiny-llama' or a local model folder."
     if ft_model == "tiny-llama":  # nbs/1_audit/stages/05_emulator.ipynb: tiny_causal_lm("llama", tiny_tokenizer(corpus, 1024), 64, 2)
@@ -175,6 +178,7 @@ def _parquet_rows(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
 
+# %% ../../nbs/1_audit/11_plan.ipynb #f61c38ab
 def dataset_sizes(dataset: str, params: dict, run_dir: str | Path | None = None) -> dict:
     "Records, cohort, train and test counts of `dataset` under `params`, and whether they are exact or estimated."
     m = load_manifest(dataset)
@@ -209,6 +213,7 @@ def prompt_tokens(dataset: str, max_length: int) -> tuple[dict, int, str]:
     basis = "measured (SmolLM2 tokenizer)" + ("" if key == dataset else f", proxy {key}")
     return {v: min(m, max_length) for v, (m, _) in t.items()}, min(max(mx for _, mx in t.values()), max_length), basis
 
+# %% ../../nbs/1_audit/11_plan.ipynb #7994e004
 def workload(dataset: str, params: dict, sizes: dict) -> dict:
     "Records, prompts and tokens of the model stages (05_emulator, 08_predict) under `params`."
     cap = int(params.get("ft_max_length") or 384)
@@ -264,6 +269,7 @@ def _model_seconds(tokens: float, prompts: int, kind: str, n: int, lang: str, ti
     rate = CPU_MEASURED["lora_train_tokens_per_s" if kind == "train" else "score_tokens_per_s"] * N_REF / n
     return tokens / rate
 
+# %% ../../nbs/1_audit/11_plan.ipynb #cccf4140
 def _fs_seconds(wl: dict, n_train: int, n_scored: int, gpu: tuple | None) -> float:
     """Compute-bound seconds of one FS model: MLM pre-training and fine-tuning (with its validation) on `n_train` texts,
     then scoring `n_scored` texts; on CPU at the measured FLOP rates (2 threads), on one GPU at the stated utilisation."""
@@ -275,7 +281,6 @@ def _fs_seconds(wl: dict, n_train: int, n_scored: int, gpu: tuple | None) -> flo
     if gpu is not None:
         return sum(f / (gpu[0] * 1e12 * GPU_UTILISATION["score" if k == "score" else "train"]) for k, f in flops.items())
     return sum(f / CPU_MEASURED["fs_flops_per_s"][k] for k, f in flops.items())
-
 
 # %% ../../nbs/1_audit/11_plan.ipynb #ec9eccaf
 def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang: str, tiny: bool,
@@ -396,9 +401,11 @@ class PlanRefused(ValueError):
         super().__init__(msg)
         self.plan = plan
 
+# %% ../../nbs/1_audit/11_plan.ipynb #2e2520e5
 def _ram_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
+# %% ../../nbs/1_audit/11_plan.ipynb #7db7eff0
 def _fit(p: dict) -> tuple[list[str], list[str]]:
     "(refusals, notes) of a plan's memory against its hardware."
     hw, mem, refuse, notes = p["hardware"], p["memory_gb"], [], []
@@ -431,6 +438,7 @@ def _fit(p: dict) -> tuple[list[str], list[str]]:
 #: throughputs were taken (the inference benchmark's reference ran near it: Performance, below)
 DEV_FP32_GFLOPS = 145.0
 
+# %% ../../nbs/1_audit/11_plan.ipynb #aaeb285e
 @lru_cache(maxsize=None)
 def cpu_fp32_gflops(threads: int = 2, n: int = 2048, min_seconds: float = 0.5) -> float:
     "This CPU's fp32 matrix-multiply rate in GFLOP/s on `threads` threads (n x n products for at least `min_seconds`)."
@@ -445,6 +453,7 @@ def cpu_fp32_gflops(threads: int = 2, n: int = 2048, min_seconds: float = 0.5) -
             reps += 1
         return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e9
 
+# %% ../../nbs/1_audit/11_plan.ipynb #0fdb1d39
 def cpu_speed_ratio(gflops: float | None = None) -> float:
     "How many times longer a CPU stage takes here than on the development machine: DEV_FP32_GFLOPS / this CPU's rate."
     return DEV_FP32_GFLOPS / (gflops if gflops is not None else cpu_fp32_gflops())
@@ -506,11 +515,13 @@ def format_hardware(hw: dict) -> str:
         return f"CPU ({hw['cores']} cores, {hw['ram_gb']:g} GB RAM)"
     return f"{hw['gpus']} x {hw['gpu']} ({hw['gpu_mem_gb']:g} GB, {hw['bf16_tflops']:g} bf16 TFLOP/s each)"
 
+# %% ../../nbs/1_audit/11_plan.ipynb #842e010a
 def _dur(s: float | None) -> str:
     if s is None:
         return "not estimated"
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
 
+# %% ../../nbs/1_audit/11_plan.ipynb #be49f3cf
 def format_plan(p: dict) -> str:
     "The plan as text: hardware, model, sizes, memory, stages with their estimated time, refusals and notes."
     sz, wl, mem, c = p["sizes"], p["workload"], p["memory_gb"], p["parameters"]
@@ -545,6 +556,7 @@ def format_plan(p: dict) -> str:
 # %% ../../nbs/1_audit/11_plan.ipynb #bf2c8331
 CALIBRATION_CURVE = "calibration_curve.json"   # written by `benchmarks/calibration_scale.py summarise`
 
+# %% ../../nbs/1_audit/11_plan.ipynb #cdb01ea8
 def calibration_curve(path: str | Path | None = None) -> list[dict]:
     "The measured rows (model, statistic, case_mix, n_records, mde, attenuation, n_audits) of the calibration curve."
     p = Path(path) if path is not None else resource_path(CALIBRATION_CURVE)
@@ -552,6 +564,7 @@ def calibration_curve(path: str | Path | None = None) -> list[dict]:
         return []
     return json.loads(p.read_text())["rows"]
 
+# %% ../../nbs/1_audit/11_plan.ipynb #3870688e
 def calibration_level(path: str | Path | None = None) -> list[dict]:
     "The measured level rows (model, n_records, n_pairs, k false primary findings, n fit nothing-planted audits)."
     p = Path(path) if path is not None else resource_path(CALIBRATION_CURVE)

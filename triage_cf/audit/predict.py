@@ -35,6 +35,7 @@ def pair_records(pairs: pd.DataFrame, text_fields: list[str]) -> tuple[pd.DataFr
     "The original $x$ and full counterfactual $x'$ of every pair in $\\mathcal{I}$ (row-aligned); views are rendered from these."
     return pair_views(pairs, "full", text_fields)
 
+# %% ../../nbs/1_audit/07_predict.ipynb #583c5328
 def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str,
                               out_dir: str | Path | None = None, progress: bool = False) -> pd.DataFrame:
     "Probability vectors of both sides of every pair in every view from an emulator backend (`triage_cf.audit.emulator`)."
@@ -48,6 +49,7 @@ def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fiel
         frames.append(p)
     return pd.concat(frames, ignore_index=True)
 
+# %% ../../nbs/1_audit/07_predict.ipynb #0569d77d
 def oracle_pair_predictions(pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str, knobs: dict) -> pd.DataFrame:
     "The oracle's exact level distributions for both sides of every pair in every view (synthetic cohorts)."
     frames = []
@@ -61,6 +63,7 @@ def oracle_pair_predictions(pairs: pd.DataFrame, text_fields: list[str], levels:
                                                    "view": view, "side": side}), proba_frame(p, levels)], axis=1))
     return pd.concat(frames, ignore_index=True)
 
+# %% ../../nbs/1_audit/07_predict.ipynb #7103a0ed
 def text_model_pair_predictions(proba_of, pairs: pd.DataFrame, text_fields: list[str], levels: list[int],
                                 lang: str, fields: list[str] | None = None) -> pd.DataFrame:
     """Both sides of every pair in every view from a model that reads the linearized record (FS, RF, MLP):
@@ -76,6 +79,7 @@ def text_model_pair_predictions(proba_of, pairs: pd.DataFrame, text_fields: list
                                                    "view": view, "side": side}), proba_frame(p, levels)], axis=1))
     return pd.concat(frames, ignore_index=True)
 
+# %% ../../nbs/1_audit/07_predict.ipynb #87263249
 def pairs_for_metrics(preds: pd.DataFrame, pairs: pd.DataFrame, model: str) -> pd.DataFrame:
     """The long pair table of `triage_cf.audit.metrics` (pair_id, orig_sex, pred_orig, pred_cf, condition, true_level,
     model) and, where `preds` has the probability vectors (`p_<level>`), each side's expected level (`exp_orig`, `exp_cf`)."""

@@ -100,12 +100,14 @@ def rounding_interval(text: str) -> tuple[float, float, float]:
         half = 0.5 * 10.0 ** (len(digits) - len(digits.rstrip("0"))) if digits.strip("0") else 0.5
     return v * scale, (v - half) * scale, (v + half) * scale
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #ee0a1fc6
 def lin(*terms: tuple[float, tuple[float, float]]) -> tuple[float, float]:
     "Interval of sum(c * x) for x in intervals: `lin((c1, (lo1, hi1)), (c2, (lo2, hi2)), ...)`."
     lo = sum(min(c * a, c * b) for c, (a, b) in terms)
     hi = sum(max(c * a, c * b) for c, (a, b) in terms)
     return lo, hi
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #7501dc85
 def overlap(a: tuple[float, float], b: tuple[float, float], eps: float = 1e-12) -> bool:
     "Do two closed intervals meet?"
     return max(a[0], b[0]) <= min(a[1], b[1]) + eps
@@ -329,9 +331,11 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
 # %% ../../nbs/1_audit/09_reconcile.ipynb #d19faebe
 RECONCILIATION_VERDICTS = ("reproduced", "contradicted", "contradicted if every change is one level", "not checkable")
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #6a16ffcd
 def _fmt(x: float) -> str:
     return "nan" if np.isnan(x) else (f"{x:.4g}" if abs(x) < 1e-3 and x != 0 else f"{x:,.4f}".rstrip("0").rstrip("."))
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #69dcecfb
 def number_verdicts(numbers: pd.DataFrame | None = None, checks: pd.DataFrame | None = None) -> pd.DataFrame:
     "One row per published number: its verdict and the checks behind it."
     if numbers is None or checks is None:
@@ -357,6 +361,7 @@ def number_verdicts(numbers: pd.DataFrame | None = None, checks: pd.DataFrame | 
                      "checks": "; ".join(f"{c.group}: {c.statement}" for c in why.itertuples()), "id": n.id})
     return pd.DataFrame(rows)
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #4c1f316a
 def contradictions(checks: pd.DataFrame | None = None) -> list[str]:
     "Plain sentences, one per failed check: which printed value contradicts what the others imply."
     if checks is None:
@@ -376,6 +381,7 @@ def contradictions(checks: pd.DataFrame | None = None) -> list[str]:
 # %% ../../nbs/1_audit/09_reconcile.ipynb #1f4d7e93
 SLOTS = ("P_up_M_to_F", "P_down_M_to_F", "P_up_F_to_M", "P_down_F_to_M")
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #1c10db6f
 def relabellings(col: str) -> pd.DataFrame:
     """Every relabelling of a Table 3 column under which all exact identities hold; columns: the printed row holding
     each true quantity, `nats_swapped`, `dts_swapped`, `nmdf_one_level_ok`, `as_printed`."""
@@ -405,6 +411,7 @@ def relabellings(col: str) -> pd.DataFrame:
                                 "as_printed": perm == SLOTS and not nats_sw and not dts_sw})
     return pd.DataFrame(out)
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #6c8ac6c1
 def relabelling_summary() -> pd.DataFrame:
     "For each Table 3 column: failed exact checks as printed, and the consistent relabellings."
     _, checks = build_checks()

@@ -52,6 +52,7 @@ VIEW_KNOBS = {"full": ("bias_tab", "bias_text"), "text_iso": ("bias_text",), "ta
 COVERAGE_METRICS = ("female_skew", "NMDF")
 GRID_COLUMNS = ["condition", "knob", "scale", "bias_tab", "bias_text", "seed", "replicate"]
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #d1a56640
 def condition_grid(bias_tab: float, bias_text: float, scales: Sequence[float] = (0, 1, 2),
                    knobs: Sequence[str] = ("both", "tab", "text"), seed: int = 42, null_seeds: int = 3,
                    planted_seeds: int = 1) -> pd.DataFrame:
@@ -80,6 +81,7 @@ def condition_grid(bias_tab: float, bias_text: float, scales: Sequence[float] = 
                      for r in range(int(planted_seeds))]
     return pd.DataFrame(rows, columns=GRID_COLUMNS)
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #65fc6ec7
 def expected_move(view: str, bias_tab: float, bias_text: float) -> bool:
     "Whether a planted knob acts on `view`'s pairs (`full`: either knob, `tab_iso`: bias_tab, `text_iso`: bias_text)."
     if view not in VIEW_KNOBS:
@@ -118,9 +120,11 @@ def add_checks(table: pd.DataFrame) -> pd.DataFrame:
 #: The classes of `recovery_class`, in reporting order.
 RECOVERY_CLASSES = ("recovered", "missed", "wrong", "not_powered", "quiet", "false_positive", "undefined")
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #2143c16d
 def _excludes_zero(lo: float, hi: float) -> bool:
     return not (pd.isna(lo) or pd.isna(hi)) and (lo > 0 or hi < 0)
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #b7e5274c
 def recovery_class(ci_low: float, ci_high: float, truth: float, oracle_low: float = np.nan, oracle_high: float = np.nan) -> str:
     "Class of a model's CI [ci_low, ci_high] given the planted `truth` and the oracle's CI on the same pairs (table above)."
     if pd.isna(ci_low) or pd.isna(ci_high) or pd.isna(truth):
@@ -133,8 +137,10 @@ def recovery_class(ci_low: float, ci_high: float, truth: float, oracle_low: floa
         return "recovered" if (ci_low > 0) == (truth > 0) else "wrong"
     return "missed" if _excludes_zero(oracle_low, oracle_high) else "not_powered"
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #9538d2fb
 CLASS_KEYS = ["condition", "seed", "emulator", "view", "metric"]
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #a40ed585
 def classify_recovery(table: pd.DataFrame) -> pd.DataFrame:
     """`table` with `oracle_detects` (the oracle's CI on the same pairs, view and metric excludes 0) and `recovery_class`
     (signed metrics; missing for the rates). Rows are matched to the oracle of the same condition, seed and emulator."""
@@ -164,6 +170,7 @@ def _model_keys(t: pd.DataFrame) -> list[str]:
     "The model's identity in a table: (emulator, model), or model alone in a table without an emulator column."
     return ["emulator", "model"] if "emulator" in t.columns else ["model"]
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #8fdb698e
 def coverage_table(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
     "How often the CI covers 0 under the `none` condition, per model, view and metric (over its seeds)."
     t = table[(table["knob"] == "none") & table["metric"].isin(metrics)]
@@ -175,11 +182,13 @@ def coverage_table(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRIC
     out["coverage"] = out["n_covering"] / (out["n_seeds"] - out["n_undefined"]).replace(0, np.nan)
     return out
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #87259961
 def _direction(r) -> str:
     if pd.isna(r["covers_zero"]):
         return "?"
     return "0" if r["covers_zero"] else ("+" if r["ci_low"] > 0 else "-")
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #736530a0
 def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
     "Per (condition, seed, model, headline metric): observed vs expected direction by view, sign_ok (full), attributed_ok (all views)."
     rows = []
@@ -206,6 +215,7 @@ def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METR
 # %% ../../nbs/1_audit/10_recovery.ipynb #09c9c31a
 CLASS_TABLE_KEYS = ["dataset", "emulator", "model", "knob", "scale"]
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #1df94160
 def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
     "Counts of each recovery class per dataset, emulator, model, knob and scale (over seeds, views and `metrics`), with pairs."
     t = table[table["metric"].isin(metrics) & table["recovery_class"].notna()].copy()
@@ -238,6 +248,7 @@ MLP = "mlp"
 LLM_SETTINGS = ("epochs", "lr", "batch_size", "hidden", "layers", "vocab", "patience", "max_length")
 MLP_SETTINGS = ("mlp_hidden", "mlp_pairs")
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #0d35fe88
 def emulator_model(emulator: str) -> str:
     "The model's name in the tables: `MLP` for the sentence-embedding MLP, `FT` for the fine-tuned LLM."
     return "MLP" if emulator == MLP else "FT"
@@ -301,6 +312,7 @@ def synth_knobs(synth: Mapping | None) -> dict:
     "The generator knobs of a `synth` parameter block other than its size and the two planted biases."
     return {k: v for k, v in (synth or {}).items() if k not in ("n_records", "bias_tab", "bias_text")}
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #85e3efb2
 def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: float, seed: int, n_records: int | None = None) -> pd.DataFrame:
     "The filtered cohort (stage 02_cohort's rules) of `n_records` synthetic visits generated with these knobs and `seed`."
     if settings.manifest.get("loader") != "synth":
@@ -319,6 +331,7 @@ def oracle_knobs(settings: RecoverySettings, bias_tab: float, bias_text: float) 
     "The generator knobs of one planted-bias condition: the profile's `synth` knobs with its `bias_tab` and `bias_text`."
     return {**synth_knobs(settings.synth), "bias_tab": float(bias_tab), "bias_text": float(bias_text)}
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #4dea0c29
 def planted_truth(settings: RecoverySettings, bias_tab: float, bias_text: float, n_records: int, seed: int) -> pd.DataFrame:
     "The estimand: the oracle's metrics on the exact counterfactual pairs of a large cohort with these knobs, per view."
     cohort = condition_cohort(settings, bias_tab, bias_text, seed, n_records)
@@ -377,6 +390,7 @@ def _emulator(settings: RecoverySettings, emulator: str, train: pd.DataFrame, le
     model, tok = load_causal_lm(base, dtype="bfloat16" if bf16_pays(dev or "cpu") else None, device=dev)
     return model, tok, True, base
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #054c4f14
 def condition_data(cond: Mapping, settings: RecoverySettings, emulator: str) -> dict:
     "Cohort, levels, training subsample, test subsample and counterfactual pairs (`pairs`, valid ones `ok`) of grid row `cond`."
     seed, bt, bx = int(cond["seed"]), float(cond["bias_tab"]), float(cond["bias_text"])
@@ -410,6 +424,7 @@ def _fit_predict_llm(emulator: str, settings: RecoverySettings, data: Mapping, w
     return preds, dict(epochs_run=len(res.history), best_epoch=res.best_epoch, val_loss=best.get("val_loss"),
                        val_acc=best.get("val_acc"), n_embedded=None)
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #f2c7067d
 def _fit_predict_mlp(settings: RecoverySettings, data: Mapping, cache_dir: Path, seed: int) -> tuple[pd.DataFrame, dict]:
     """Fit the MLP on frozen all-MiniLM-L6-v2 embeddings of the linearized training records (stage 06_baselines) and score both
     sides of every pair in every view; embeddings are cached by text hash in `cache_dir` (shared by the conditions)."""
@@ -474,6 +489,7 @@ def _run_in_worker(cond: dict, settings: dict, out_dir: str, emulator: str) -> d
     "`run_condition` in a worker process (settings rebuilt from a dict)."
     return run_condition(cond, RecoverySettings(**settings), out_dir, emulator)
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #4a36dfd1
 def run_grid(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path, workers: int = 1,
              log: Callable[[str], None] = print) -> pd.DataFrame:
     """Run every (grid row, emulator) not done yet, all rows of the first emulator first (`workers` processes at once);
@@ -515,6 +531,7 @@ TABLE_COLUMNS = ["dataset", "condition", "knob", "scale", "bias_tab", "bias_text
                  "estimate", "ci_low", "ci_high", "n_pairs", "truth", "expected_move", "covers_zero", "sign_ok", "attributed_ok",
                  "oracle_detects", "recovery_class", "remark"]
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #590aa4b5
 def recovery_table(long: pd.DataFrame, grid: pd.DataFrame, truth: pd.DataFrame, dataset: str, n_boot: int = 1000,
                    ci_method: str = "percentile") -> pd.DataFrame:
     """Every metric with its CI per (condition, seed, emulator, model, view), next to the planted truth, with the checks
@@ -591,6 +608,7 @@ def _class_cell(g: pd.DataFrame) -> str:
     unplanted = f"{int(s.false_positive)} fp of {int(s.quiet + s.false_positive)}" if s.quiet + s.false_positive else ""
     return "; ".join(p for p in (planted, unplanted) if p)
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #fb72484a
 def recovery_class_grid(classes: pd.DataFrame) -> pd.DataFrame:
     """`recovery_classes` as one row per knob and scale (then `all`) and one column per dataset and model: each cell
     `recovered/missed/wrong/not powered` of its planted checks, then the false positives among its unplanted checks."""

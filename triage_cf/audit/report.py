@@ -73,6 +73,7 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = N
 # %% ../../nbs/1_audit/13_report.ipynb #03fc8631
 _TRUE, _FALSE, _UNSET = {"true", "1", "1.0", "yes"}, {"false", "0", "0.0", "no"}, {"", "nan", "none", "na", "-"}
 
+# %% ../../nbs/1_audit/13_report.ipynb #58d123cf
 def as_bool(value, where: str = "") -> bool | None:
     """A boolean cell of a run table (True/False, "True"/"False", 1/0) as bool; an empty cell as None (not assessed).
     Anything else is an error naming `where` (the file and column)."""
@@ -89,6 +90,7 @@ def as_bool(value, where: str = "") -> bool | None:
         return None
     raise ValueError(f"{where or 'as_bool'}: {value!r} is neither True/False nor empty")
 
+# %% ../../nbs/1_audit/13_report.ipynb #85ffd014
 def num(value) -> float:
     "A numeric cell as float; empty, '-' or text as NaN (the stages write '-' where a number is undefined)."
     try:
@@ -101,6 +103,7 @@ def is_proportion(metric: str) -> bool:
     "Every bias metric is a proportion shown in percent, except NMDF (a mean difference on the triage scale)."
     return metric != "NMDF"
 
+# %% ../../nbs/1_audit/13_report.ipynb #2708711b
 def fmt_value(x, metric: str, unit: bool = True) -> str:
     "One value of `metric`: percent with 1 decimal (proportions) or 4 digits (NMDF); '-' when undefined."
     x = num(x)
@@ -122,6 +125,7 @@ def fmt_ci(est, lo, hi, metric: str, unit: bool = True) -> str:
 _HEX = re.compile(r"[0-9a-f]{40,64}")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
+# %% ../../nbs/1_audit/13_report.ipynb #4e069810
 def compact(value, max_chars: int = 160) -> str:
     """One cell of a generic run table as short text: integers with thousands separators, other numbers with 3
     significant digits (4-digit values whole), hashes cut to 12 characters, text longer than `max_chars` cut."""
@@ -210,12 +214,15 @@ class Html:
     def __hash__(self) -> int: return hash(self.markup)
     def __contains__(self, text: str) -> bool: return text in self.markup
 
+# %% ../../nbs/1_audit/13_report.ipynb #2dc4fdb6
 def _cls(c: str) -> str:
     return f" class='{c}'" if c else ""
 
+# %% ../../nbs/1_audit/13_report.ipynb #87f84a0e
 def _cell(v) -> str:
     return v.markup if isinstance(v, Html) else html.escape(compact(v))
 
+# %% ../../nbs/1_audit/13_report.ipynb #a32ca35a
 def _is_text(values) -> bool:
     "A column of words (left-aligned), not of numbers: most non-empty cells are not numbers."
     cells = [v for v in values if not isinstance(v, Html) and str(v).strip() not in ("", "-", "–")]
@@ -277,6 +284,7 @@ def table_block(table_html: str, label: str, caption: str, source: str | None = 
         table_html = f"<details><summary>show the {collapse_rows} rows</summary>{table_html}</details>"
     return f"<div class='block'{src}>{cap}{table_html}{note}</div>"
 
+# %% ../../nbs/1_audit/13_report.ipynb #f71314d8
 def figure_block(png: Path, label: str, caption: str, small: bool = False) -> str:
     "A numbered, captioned figure, embedded as a base64 PNG (the report is one self-contained file)."
     b64 = base64.b64encode(png.read_bytes()).decode("ascii")
@@ -289,6 +297,7 @@ def banner(text: str, kind: str = "unfit") -> str:
     "A coloured box above a table: why a model's numbers are greyed (`unfit`) or a caveat about the run (`caveat`)."
     return f"<div class='banner {kind}'>{text}</div>"
 
+# %% ../../nbs/1_audit/13_report.ipynb #f83e0452
 def section(sec_id: str, title: str, parts: list[str]) -> str:
     "A numbered part of the report; empty (left out) when the run has nothing for it."
     parts = [p for p in parts if p]
@@ -298,6 +307,7 @@ def section(sec_id: str, title: str, parts: list[str]) -> str:
 def _col(df: pd.DataFrame, name: str, default="") -> pd.Series:
     return df[name] if name in df.columns else pd.Series([default] * len(df), index=df.index)
 
+# %% ../../nbs/1_audit/13_report.ipynb #6bcb8d62
 def fitness_verdicts(rt: RunTables) -> pd.DataFrame:
     """One row per audited model (`model, fit, reason, kappa_w, ci_low, ci_high, best_baseline, best_baseline_kappa`),
     `fit` True/False or None (not assessed): from tables/fitness.csv, else from the `fit_for_audit` column of Table 3,
@@ -328,6 +338,7 @@ def fitness_verdicts(rt: RunTables) -> pd.DataFrame:
     out["fit"] = pd.Series([fitness_flag(v) for v in out["fit"]], index=out.index, dtype=object)
     return out.reset_index(drop=True)
 
+# %% ../../nbs/1_audit/13_report.ipynb #56251e53
 def fitness_flag(v) -> bool | None:
     "True or False as given; anything else (None, NaN) is None: not assessed."
     return bool(v) if isinstance(v, (bool, np.bool_)) else None
@@ -335,6 +346,7 @@ def fitness_flag(v) -> bool | None:
 # %% ../../nbs/1_audit/13_report.ipynb #1f8eb7b4
 ADVICE = "To get a fit emulator: more training data, a larger model, or the paper profile on a GPU."
 
+# %% ../../nbs/1_audit/13_report.ipynb #25d8c9d2
 def fmt_kappa(r) -> str:
     "`kappa_w 0.50 [0.41, 0.58]` from a fitness row ('' when kappa_w is unknown)."
     k, lo, hi = num(r.get("kappa_w")), num(r.get("ci_low")), num(r.get("ci_high"))
@@ -361,10 +373,12 @@ VIEW_WORDS = {"full": ("full view", "only the sex is flipped"),
               "text_iso": ("text-isolated view", "only the sex cues in the text are flipped"),
               "tab_iso": ("tabular-isolated view", "only the sex field is flipped")}
 
+# %% ../../nbs/1_audit/13_report.ipynb #e71cbc20
 def _tested(r) -> bool:
     "A Table 3 row that the audit's test decided (a p-value against null emulators)."
     return r is not None and not np.isnan(num(r.get("p", np.nan)))
 
+# %% ../../nbs/1_audit/13_report.ipynb #be93d20d
 def _test_clause(r) -> str:
     """'; a finding: outside what its 9 null emulators show (median 3.1% [1.2, 5.0]; p = 0.004)' from a Table 3 row
     with the test's columns; '; not tested …' for a model with fewer than 2 null emulators; '' without test columns."""
@@ -379,6 +393,7 @@ def _test_clause(r) -> str:
     return (f"; {'a finding: outside' if finding else 'not a finding: within'} what its {k} null emulators show "
             f"(median {null}; {stat})" + (_level_clause(r) if finding else ""))
 
+# %% ../../nbs/1_audit/13_report.ipynb #e30d3a90
 def _level_clause(r) -> str:
     "' (the test's level at this size: 1/60 false findings … ; not verified …)' for a finding, from the measured curve."
     rank = str(r.get("test", "") or "").startswith("exact rank")   # which test decided (`null_test`'s p_method)
@@ -388,6 +403,7 @@ def _level_clause(r) -> str:
     return (f" (the test's level at this size: {lv['why']}" +
             ("" if lv["verified"] else "; not verified there, so a lead, not yet a finding") + ")")
 
+# %% ../../nbs/1_audit/13_report.ipynb #c58e74d2
 def _null_summary(r) -> tuple[str, str, str]:
     "(K, 'median [95% range]' of the null emulators, 'p = …, q = …') of a tested Table 3 row (no q for the primary check)."
     null = fmt_ci(r.get("null_median"), r.get("null_q025"), r.get("null_q975"), r["metric"])
@@ -395,9 +411,11 @@ def _null_summary(r) -> tuple[str, str, str]:
     stat = f"p = {num(r['p']):.2g}" + ("" if str(r.get("check", "")) == "primary" or np.isnan(q) else f", q = {q:.2g}")
     return compact(r.get("n_null", "")), null, stat
 
+# %% ../../nbs/1_audit/13_report.ipynb #d3fa3277
 #: The paper's headline female skew (Bordeaux, FT emulator): the effect users ask the audit to see.
 PAPER_SKEW = 0.021
 
+# %% ../../nbs/1_audit/13_report.ipynb #eb744c20
 def _detectable(r) -> str:
     "' This audit could have detected a female skew of at least 4.1 points.' from a tested row's MDE ('' without)."
     m = num(r.get("mde", np.nan))
@@ -408,6 +426,7 @@ def _detectable(r) -> str:
             f"{100 * m:.1f} points" + (" (percentage points of decisions that change)" if r["metric"] == "PDR" else ""))
     return f" This audit could have detected a {words.get(r['metric'], r['metric'])} of at least {size}." + _nurses(r, m)
 
+# %% ../../nbs/1_audit/13_report.ipynb #be412bc4
 def _nurses(r, mde: float) -> str:
     "The RF female skew's MDE in the nurses' points (÷ the measured attenuation) and the cohort size for 2.1 points."
     if r.get("metric") != "female_skew" or r.get("model") != "RF":
@@ -420,11 +439,13 @@ def _nurses(r, mde: float) -> str:
             else f"the cohort size that detects them is not measured yet ({d['why']})")
     return nurses + f" The paper's {100 * PAPER_SKEW:.1f} points: {size}."
 
+# %% ../../nbs/1_audit/13_report.ipynb #71761e04
 def _row_ci(r) -> tuple[float, float]:
     "A Table 3 row's CI: the test's training-and-pairs CI where tested, else the pairs' bootstrap CI."
     lo, hi = num(r.get("train_ci_low", np.nan)), num(r.get("train_ci_high", np.nan))
     return (lo, hi) if not (np.isnan(lo) or np.isnan(hi)) else (num(r["ci_low"]), num(r["ci_high"]))
 
+# %% ../../nbs/1_audit/13_report.ipynb #2c4b1cb5
 def view_sentence(view: str, rows: dict, fit: bool | None) -> str:
     "A plain sentence on one (model, view) from its Table 3 rows (`rows`: metric -> row), given the model's verdict."
     name, how = VIEW_WORDS.get(view, (f"{view} view", "the sex is flipped"))
@@ -461,6 +482,7 @@ def view_sentence(view: str, rows: dict, fit: bool | None) -> str:
 HEADLINE = {"PDR": "PDR (%)", "female_skew": "female skew (points)", "NMDF": "NMDF", "NATS_up": "NATS up (points)",
             "NATS_down": "NATS down (points)"}
 
+# %% ../../nbs/1_audit/13_report.ipynb #d55831f4
 def metric_cell(r, stack: bool = False, test_ci: bool = False) -> Html:
     """A Table 3 row as a compact cell: `12.0 [8.1, 16.2]` (the CI on a second line with `stack`; the test's
     training-and-pairs CI with `test_ci` where the row was tested), ★ when it is a finding of the audit's test; '-'
@@ -511,6 +533,7 @@ def _flow_counts(rt: RunTables) -> tuple[str, str]:
         n_out = str(total.iloc[0]) if len(total) else n_out
     return n_in, n_out
 
+# %% ../../nbs/1_audit/13_report.ipynb #9d36f146
 def false_positive_sentence(fp: pd.DataFrame | None) -> str:
     "The null emulators' share of pair-bootstrap CIs that exclude 0 (null_false_positive.csv), and why it is not the test's level."
     if fp is None or not len(fp) or not {"n_metrics", "n_ci_excludes_0"} <= set(fp.columns):
@@ -631,11 +654,13 @@ def generic_block(rt: RunTables, name: str, caption: str, number: str | None = N
     return table_block(body, rt.label("Table", number), caption, f"tables/{name}.csv",
                        collapse_rows=len(df) if len(df) > max_rows else None)
 
+# %% ../../nbs/1_audit/13_report.ipynb #bed95f3a
 def figure_of(rt: RunTables, name: str, caption: str, number: str | None = None, small: bool = False) -> str:
     "figures/NAME.png as a numbered figure; '' when absent."
     png = rt.take_figure(name)
     return figure_block(png, rt.label("Figure", number), caption, small) if png is not None else ""
 
+# %% ../../nbs/1_audit/13_report.ipynb #7e024074
 def pair(*blocks: str) -> str:
     "Blocks side by side (a table and the figure that illustrates it), wrapping on a narrow page."
     blocks = [b for b in blocks if b]
@@ -655,10 +680,12 @@ def section_cohort(rt: RunTables) -> str:
 def _fit_of(fit: pd.DataFrame) -> dict:
     return {m: fitness_flag(v) for m, v in zip(fit.model, fit.fit)}
 
+# %% ../../nbs/1_audit/13_report.ipynb #81183d21
 def _short(model: str) -> str:
     "Table 2 names models 'RF (TF-IDF)'; the audit tables 'RF'."
     return str(model).split(" ")[0]
 
+# %% ../../nbs/1_audit/13_report.ipynb #b81cd269
 def section_performance(rt: RunTables, fit: pd.DataFrame) -> str:
     "Section 3.2: Table 2 (best value of each metric in bold) with Figure 2, the confusion matrices and the verdicts."
     fits, parts = _fit_of(fit), []
@@ -701,10 +728,12 @@ METRIC_LABELS = {"PDR": "PDR", "P_up_M_to_F": "P↑ M→F", "P_down_M_to_F": "P�
                  "P_F_to_M_down": "P↓ F→M", "DTS_M_to_F": "DTS M→F", "DTS_F_to_M": "DTS F→M", "NATS_up": "NATS up",
                  "NATS_down": "NATS down", "NMDF": "NMDF", "female_skew": "female skew"}
 
+# %% ../../nbs/1_audit/13_report.ipynb #bac59b44
 def metric_label(metric: str) -> str:
     "The paper's name of a metric, with its unit."
     return METRIC_LABELS.get(metric, metric) + (" (%)" if is_proportion(metric) else " (points)")
 
+# %% ../../nbs/1_audit/13_report.ipynb #1c7c8126
 def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -> tuple[pd.DataFrame, dict]:
     """Table 3 wide: a row per (view, metric), a column per model and beside it 'null emulators' (their median and 95%
     range) where the model was tested, else 'null twin' where it has one; cells `estimate [CI]`, ★ for a finding.
@@ -863,6 +892,7 @@ T6_COLUMNS = {"true_level": "triage level", "n_M": "n (M)", "p_cf_gt_orig_M": "c
 T7_COLUMNS = {"true_level": "triage level", "cf_lt_orig_M": "cf<orig (M)", "cf_ge_orig_M": "cf≥orig (M)",
               "cf_lt_orig_F": "cf<orig (F)", "cf_ge_orig_F": "cf≥orig (F)", "OR": "OR (M/F)", "p_value": "p"}
 
+# %% ../../nbs/1_audit/13_report.ipynb #0a8b16f2
 def level_frame(df: pd.DataFrame, fit: pd.DataFrame, kind: str = "table6") -> tuple[pd.DataFrame, list[str]]:
     "Table 6 or 7 for the report: grouped by (model, view), percent for proportions, OR with its CI; row classes."
     fits, cols = _fit_of(fit), T6_COLUMNS if kind == "table6" else T7_COLUMNS
@@ -989,6 +1019,7 @@ FIGURE_CAPTIONS = {
     "tbias_fig2_selection_": "Allocation: share of transgender patients chosen per service",
     "tbias_figA1_patients": "The fictitious patient list: ages matched across identities."}
 
+# %% ../../nbs/1_audit/13_report.ipynb #bba50c1b
 def figure_caption(name: str) -> str:
     "The caption of a known figure (a prefix entry gets the rest of the name: language, condition), else its name."
     for key, cap in FIGURE_CAPTIONS.items():
@@ -1037,6 +1068,7 @@ TBIAS_LAYOUT = [
     ("tbias_explanations", [], "Allocation: the model's explanations (text cut; the CSV holds it all)."),
     ("tbias_allocation_provenance", [], "Allocation: resources (sha256) and model.")]
 
+# %% ../../nbs/1_audit/13_report.ipynb #3fbcf138
 def instrument_caveats(rt: RunTables, prefixes: tuple[str, ...]) -> list[str]:
     "Caveats the run states about itself: the experiment's remark, the share of invalid or unparsed answers."
     out = []
@@ -1092,6 +1124,7 @@ APPENDIX_LAYOUT = [
     ("recovery_power", [], "Recovery study: training size an ideal learner needs to detect the planted effects."),
     ("recovery", [], "Recovery study: every metric of every run (long).")]
 
+# %% ../../nbs/1_audit/13_report.ipynb #9f13df30
 def section_appendix(rt: RunTables) -> str:
     "The appendix: the checks in `APPENDIX_LAYOUT` order, then every table and figure not placed elsewhere."
     parts = []
@@ -1144,6 +1177,7 @@ code,pre{background:#f6f6f6}details summary{cursor:pointer;color:#036;font-size:
 SECTIONS = ("summary", "cohort", "performance", "bias", "levels", "pretraining", "impact", "margins", "tbias",
             "appendix", "parameters")
 
+# %% ../../nbs/1_audit/13_report.ipynb #9c6df13e
 def build_report(paths: RunPaths, title: str) -> str:
     """The run's report: summary, the paper's tables and figures in the paper's order, the sister instruments, an
     appendix with every other table and figure of the run (each shown exactly once), and the run's parameters."""

@@ -53,6 +53,7 @@ def _allocate(sizes: pd.Series, n: int) -> pd.Series:
             break
     return alloc
 
+# %% ../../nbs/1_audit/05_review.ipynb #c5c008ba
 def export_review_sample(pairs_df: pd.DataFrame, n: int, seed: int, path, strata=("orig_sex",),
                          id_col: str = "record_id", original_col: str = "original", rewritten_col: str = "rewritten") -> pd.DataFrame:
     """Stratified random sample of `n` pairs written to the review sheet `path` (CSV) + `<stem>_instructions.txt`.
@@ -110,6 +111,7 @@ def _read_review(path) -> pd.DataFrame:
         raise ValueError(f"{path}: {int(df['review_id'].duplicated().sum())} duplicated review_id value(s)")
     return df.set_index("review_id")
 
+# %% ../../nbs/1_audit/05_review.ipynb #e36eb876
 def review_agreement(csv_a, csv_b) -> dict:
     """Agreement of two filled review sheets: Cohen's kappa (sklearn), observed agreement, counts per category for
     each annotator, and the cross-table. Both sheets must hold the same review_ids, every one categorised."""

@@ -75,6 +75,7 @@ class Exemplar(NamedTuple):
     source: dict        # field -> text
     target: dict        # field -> the exact rewrite for the other sex
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #548c2e3e
 @lru_cache(maxsize=None)
 def load_exemplars(lang: str) -> tuple[Exemplar, ...]:
     "The curated few-shot exemplars of `lang` (package data `resources/rewrite_exemplars.json`), checked on load."
@@ -102,8 +103,10 @@ def load_exemplars(lang: str) -> tuple[Exemplar, ...]:
         raise ValueError(f"{path} [{lang}]: {len(out)} exemplars; the paper's setting needs at least 7")
     return tuple(out)
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #ae5ac238
 _PROMPT_LAYOUT = 1   # bump when the rendering below changes (the cache key holds it)
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #9ff59056
 def prompt_version(lang: str, n_shots: int | None = None) -> str:
     "Identity of the prompt (layout, prompts, exemplars used): part of every cache key."
     shots = load_exemplars(lang)[:n_shots]
@@ -122,6 +125,7 @@ def render_record(fields: Mapping[str, str | None], sex: str, lang: str) -> str:
     lines += [f"<{tags[f]}>{'' if v is None else v}</{tags[f]}>" for f, v in fields.items()]
     return "\n".join(lines)
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #4daa584d
 def _exemplar_fields(texts: Mapping[str, str], fields: Sequence[str]) -> dict:
     "An exemplar's texts laid out in the query's fields (see above)."
     out = {}
@@ -134,6 +138,7 @@ def _exemplar_fields(texts: Mapping[str, str], fields: Sequence[str]) -> dict:
             out[f] = ""
     return out
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #83d492fc
 def rewrite_messages(fields: Mapping[str, str | None], source_sex: str, lang: str, n_shots: int | None = None) -> list[dict]:
     "Chat messages (system, exemplar turns, the record) asking the LLM to rewrite `fields` of a `source_sex` patient."
     if source_sex not in SEXES:
@@ -151,6 +156,7 @@ def rewrite_messages(fields: Mapping[str, str | None], source_sex: str, lang: st
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #fadb0ae4
 _ANY_TAG = re.compile(r"</?([A-Za-z_]+)>")
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #0267f472
 def parse_rewrite(output: str, fields: Mapping[str, str | None], target_sex: str, lang: str) -> tuple[dict | None, str]:
     "({field: rewritten text or None}, 'ok') from the LLM's answer, or (None, reason) when it is not exactly the format."
     if not isinstance(output, str) or not output.strip():
@@ -212,6 +218,7 @@ def _flipped_something(original: str, rewritten: str, target: str, lang: str) ->
     was = next((x for x, y in zip(a, b) if x != y), a[0] if a else "")
     return False, f"unchanged copy: the note keeps words of the original sex (e.g. {was!r})"
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #6fe8bc51
 def _precheck(fields: Mapping[str, str | None], lang: str) -> dict | None:
     "Per-field results when the record is not sent (missing / excluded / unsendable), else None."
     present = {f: v for f, v in fields.items() if v is not None and v.strip()}
@@ -305,6 +312,7 @@ def _rewrite_records(self, records: Sequence[Mapping[str, str | None]], target_s
     self.stats["seconds"] += time.perf_counter() - t0
     return out
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #d743f711
 LLMRewriter.rewrite_records = _rewrite_records
 
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #4fdef946
@@ -330,6 +338,7 @@ def make_rewriter(lang: str, model: str | Path = "smollm2", backend: str = "loca
                              cache=cache, **client_kw)
     return LLMRewriter(client, lang, n_shots=n_shots, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress)
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #3bb9ee71
 def default_rewrite_cache() -> Path:
     "Where the CLI caches LLM answers by default: `<triage_cf cache>/llm_answers.duckdb` (`$TRIAGE_CF_CACHE`)."
     return cache_dir() / "llm_answers.duckdb"
@@ -346,12 +355,14 @@ def _llm_rewriter(rewriter, lang: str) -> "LLMRewriter":
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #af088b3a
 _TO = {"female": "F", "f": "F", "male": "M", "m": "M"}
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #0c8bc09c
 def _target(to: str) -> str:
     key = str(to).strip().lower()
     if key not in _TO:
         raise ValueError(f"--to must be 'female' or 'male' (or F/M), got {to!r}")
     return _TO[key]
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #9ac99ce9
 def swap_text(text: str, lang: str, to: str, method: str = "rules", rewriter=None) -> str:
     "Rewrite `text` so the patient is `to` ('female'|'male'); raises on sex-specific text or a failed validation."
     target = _target(to)
@@ -362,6 +373,7 @@ def swap_text(text: str, lang: str, to: str, method: str = "rules", rewriter=Non
         raise ValueError(f"not rewritten ({res.status}): {res.reason}")
     return res.text
 
+# %% ../../nbs/1_audit/04_rewrite_llm.ipynb #8ac0e5b2
 def swap_tsv(in_path, column: str, lang: str, to: str, out_path, method: str = "rules", rewriter=None) -> pd.DataFrame:
     "Rewrite `column` of the TSV `in_path` to `to`; write `out_path` (+ swap_status, swap_reason); return the table."
     target = _target(to)

@@ -25,6 +25,7 @@ def patient_groups(cohort: pd.DataFrame) -> np.ndarray | None:
     pid, rid = cohort["patient_id"].astype("string"), cohort["record_id"].astype(str)
     return np.where(pid.isna(), "record:" + rid, "patient:" + pid.fillna("").astype(str))
 
+# %% ../../nbs/1_audit/00_split.ipynb #92a209ce
 def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 42, by: str = "triage_level") -> pd.DataFrame:
     """record_id and split ('train' | 'test'), stratified by `by` (scikit-learn `train_test_split`, seeded); where patients
     have several visits (`patient_groups`), grouped by patient (`StratifiedGroupKFold`: `1/test_size` folds, one is test)."""
@@ -49,6 +50,7 @@ def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 4
     part[cohort["record_id"].isin(set(test)).to_numpy()] = "test"
     return pd.DataFrame({"record_id": cohort["record_id"].astype("string").to_numpy(), "split": part.to_numpy()}).astype({"split": "string"})
 
+# %% ../../nbs/1_audit/00_split.ipynb #c273e996
 def split_balance(cohort: pd.DataFrame, split: pd.DataFrame, by: str = "triage_level") -> pd.DataFrame:
     "Per level: train and test counts and shares, and the absolute share difference."
     df = cohort[["record_id", by]].merge(split, on="record_id", how="left", validate="one_to_one")
@@ -59,6 +61,7 @@ def split_balance(cohort: pd.DataFrame, split: pd.DataFrame, by: str = "triage_l
     out["abs_diff"] = (out["share_train"] - out["share_test"]).abs()
     return out
 
+# %% ../../nbs/1_audit/00_split.ipynb #7ba4996d
 def check_split(cohort: pd.DataFrame, split: pd.DataFrame, balance: pd.DataFrame) -> None:
     "Train and test are disjoint, cover the cohort exactly, and each level's counts differ by at most one."
     tr = set(split.loc[split["split"] == "train", "record_id"]); te = set(split.loc[split["split"] == "test", "record_id"])
@@ -85,6 +88,7 @@ def _suppressed(counts: np.ndarray, min_cell: int | None) -> np.ndarray:
     s = suppress_small_cells(pd.DataFrame({"n": np.asarray(counts, dtype=int)}), min_cell)["n"].to_numpy()
     return np.array([v if isinstance(v, str) else "" for v in s], dtype=object)
 
+# %% ../../nbs/1_audit/00_split.ipynb #84944abb
 def figure5_distributions(records: pd.DataFrame, title: str | None = None, min_cell: int | None = None):
     """Paper Figure 5: triage level, age and sex distributions of the raw records (seaborn; missing shown as 'missing').
 

@@ -33,6 +33,7 @@ COMPLAINT_TABLE = "complaint_categories_audit_v1.tsv"
 AGE_BANDS = (0, 18, 45, 65, 80)
 AGE_LABELS = ("<18", "18-44", "45-64", "65-79", "80+")
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #65c0a7c8
 def age_band(age) -> pd.Series:
     "The band (`AGE_LABELS`) of each age in years; a missing age is 'age unknown'."
     a = pd.to_numeric(pd.Series(age), errors="raise").reset_index(drop=True)
@@ -66,6 +67,7 @@ def _tagged(long: pd.DataFrame, cov: pd.DataFrame, families: Sequence[str]) -> p
     return pd.concat([m.drop(columns=list(families)).assign(family=f, subgroup=m[f].astype(str).to_numpy())
                       for f in families], ignore_index=True)
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #694cc3c5
 def subgroup_point_metrics(long: pd.DataFrame, cov: pd.DataFrame, by: Sequence[str] = ("model", "condition"),
                            families: Sequence[str] = FAMILIES) -> pd.DataFrame:
     "`METRICS` and the pair counts `n_M`, `n_F` of each (`by`, family, subgroup)."
@@ -91,6 +93,7 @@ def _n_for(metric: str, n_M: int, n_F: int) -> int:
     needs = METRIC_NEEDS[metric]
     return n_M + n_F if not needs else min({"M_to_F": n_M, "F_to_M": n_F}[d] for d in needs)
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #1eeaec01
 def _subgroup_cis(real: pd.DataFrame, cov: pd.DataFrame, n_boot: int, seed: int, families) -> pd.DataFrame:
     "Percentile bootstrap CIs of every metric of each (model, condition, family, subgroup) of the real pairs."
     t, out = _tagged(real, cov, families), []
@@ -123,6 +126,7 @@ def _bh_within(t: pd.DataFrame, groups: Sequence[str], alpha: float) -> pd.Serie
         q[g.index] = multipletests(g.p.to_numpy(float), alpha=alpha, method="fdr_bh")[1]
     return q
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #e964d3a8
 def _findings(t: pd.DataFrame, fitness: pd.DataFrame | None, alpha: float) -> pd.DataFrame:
     "`fit_for_audit` and `finding` (fit, q < alpha, a nonzero effect; NA where untested or without a verdict)."
     fit = {} if fitness is None else dict(zip(fitness.model, fitness.fit_for_audit))
@@ -134,6 +138,7 @@ def _findings(t: pd.DataFrame, fitness: pd.DataFrame | None, alpha: float) -> pd
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0019b
 _BAND = {b: i for i, b in enumerate((*AGE_LABELS, "age unknown"))}
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #1d5884d7
 def _in_order(t: pd.DataFrame) -> pd.DataFrame:
     """Rows by model and view as given, families in `FAMILIES` order, complaint categories largest first, bands and
     levels in order."""
@@ -182,6 +187,7 @@ TRANSITION_COLUMNS = ["model", "condition", "direction", "cell", "orig_level", "
                       "n_null", "null_median", "null_q025", "null_q975", "p", "q", "fit_for_audit", "finding", "mde",
                       "test"]
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #c88665c2
 def transition_counts(long: pd.DataFrame, levels: Sequence[int],
                       by: Sequence[str] = ("model", "condition")) -> pd.DataFrame:
     "Pairs per (`by`, direction, original level, counterfactual level), every cell of the matrix (zeros kept)."
@@ -207,6 +213,7 @@ def _matrix_rows(counts: pd.DataFrame) -> pd.DataFrame:
     return counts.assign(cell=counts.orig_level.astype(str) + "->" + counts.cf_level.astype(str), n_direction=n_dir,
                          share=counts.n / n_dir.where(n_dir > 0), test="descriptive: the matrix is not tested")
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #02cccfff
 def transition_table(real: pd.DataFrame, levels: Sequence[int], null_long: pd.DataFrame | None = None,
                      fitness: pd.DataFrame | None = None, alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
     """The transition matrices of every model, view and direction, then the urgent-boundary crossings, each crossing
@@ -235,6 +242,7 @@ def transition_table(real: pd.DataFrame, levels: Sequence[int], null_long: pd.Da
 # %% ../../nbs/1_audit/12_subgroups.ipynb #a13b0031
 FIDELITY_COLUMNS = ["model", "measure", "group", "estimate", "ci_low", "ci_high", "n", "differs", "remark"]
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #d1183c49
 def _fidelity_measures(C: np.ndarray, levels: Sequence[int]) -> dict[str, np.ndarray]:
     "Fidelity measures from confusion counts `C` (..., L, L) (rows: the nurses' level, columns: the model's)."
     L, lv = C.shape[-1], np.asarray(levels)
@@ -260,6 +268,7 @@ def _confusions(y, p, levels, n_boot: int, rng: np.random.Generator) -> tuple[np
              else np.zeros((n_boot, L * L)))
     return obs, draws.reshape(n_boot, L, L)
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #a0c8be3c
 def _quantile_ci(b: np.ndarray) -> tuple[float, float]:
     b = b[np.isfinite(b)]
     return tuple(np.quantile(b, [0.025, 0.975])) if len(b) else (np.nan, np.nan)
@@ -302,6 +311,7 @@ def _short_test(test: str) -> str:
             return short.format(str(test).split("< ")[-1].rstrip(")")) if "{}" in short else short
     return ""
 
+# %% ../../nbs/1_audit/12_subgroups.ipynb #9be42214
 def value_cell(est, lo, hi, q, finding, test: str, scale: float = 100, digits: int = 1) -> str:
     """One tested value as the report prints it: `x [lo, hi] q ★` (points: `scale` 100), or with why it is untested;
     a cell that a restricted run's table suppressed ("suppressed", "<10") is shown as it is."""

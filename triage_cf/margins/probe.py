@@ -47,6 +47,7 @@ __all__ = ['MODES', 'STORE_SCHEMA', 'KNOWN_OUTCOMES', 'ProbeSettings', 'experime
 # %% ../../nbs/2_margins/01_probe.ipynb #35e37531
 MODES = ("score", "topk", "reason")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #ef1299ed
 @dataclass
 class ProbeSettings:
     "What an experiment fixes besides the model: scale, language, ΔM source and generation settings."
@@ -69,6 +70,7 @@ class ProbeSettings:
         if self.mode not in MODES:
             raise ValueError(f"ProbeSettings.mode must be one of {MODES}, got {self.mode!r}")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #29edabc5
 def experiment_id(settings: ProbeSettings, fingerprint: dict, template_sha256: str, categories_sha256: str, vignettes_sha256: str) -> str:
     "16-hex id of an experiment: model fingerprint, settings, template, category table and vignette file."
     s = {k: v for k, v in asdict(settings).items() if not (k == "reasoning_effort" and v is None)}   # ids of earlier runs kept
@@ -79,6 +81,7 @@ def experiment_id(settings: ProbeSettings, fingerprint: dict, template_sha256: s
 def _nan_if_none(x):
     return float("nan") if x is None else x
 
+# %% ../../nbs/2_margins/01_probe.ipynb #e8b2574e
 def read_topk(gen, st: ProbeSettings) -> tuple[np.ndarray, np.ndarray, str]:
     "(level logprobs, censored, outcome) at the decision position of an API answer."
     n = len(st.levels)
@@ -91,6 +94,7 @@ def read_topk(gen, st: ProbeSettings) -> tuple[np.ndarray, np.ndarray, str]:
     lp, cen = level_logprobs_from_top(t.top, st.levels, chosen=(t.token, t.logprob))
     return lp, cen, ("level_not_in_topk" if cen.all() else "ok")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #157a0641
 def reasoned_prefix(text: str, key: str, prefix: str) -> str | None:
     "The answer up to its level digit, else its closed reasoning + `prefix`, else `prefix`; None when the reasoning is cut."
     if "<think>" in text and "</think>" not in text:
@@ -102,6 +106,7 @@ def reasoned_prefix(text: str, key: str, prefix: str) -> str | None:
         return text[:text.index("</think>") + len("</think>")] + "\n\n" + prefix
     return prefix
 
+# %% ../../nbs/2_margins/01_probe.ipynb #b20aef9f
 def call_record(lp, cen, levels: Sequence[int], outcome: str, written_level: int | None = None,
                 output_tokens: int | None = None, reasoning_tokens: int | None = None, finish_reason: str | None = None, **extra) -> dict:
     "One call's record: ΔM and its censoring, the decided level, tokens, TAR and truncation (see above)."
@@ -114,6 +119,7 @@ def call_record(lp, cen, levels: Sequence[int], outcome: str, written_level: int
                 output_tokens=output_tokens, reasoning_tokens=reasoning_tokens, answer_tokens=a, tar=tar(reasoning_tokens, a),
                 finish_reason=finish_reason, truncated=finish_reason == "length", outcome=outcome, **extra)
 
+# %% ../../nbs/2_margins/01_probe.ipynb #bc4b50b0
 def measure(client, prompts: Sequence[str], st: ProbeSettings, prefix: str) -> tuple[list[dict], int, int]:
     "One record per prompt (see above), and the batch's start and end time (ns)."
     convs = [[{"role": "user", "content": p}] for p in prompts]
@@ -163,6 +169,7 @@ class JsonLinesSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
 
+# %% ../../nbs/2_margins/01_probe.ipynb #f6834b57
 def make_tracer(path: str | Path, otlp_endpoint: str | None = None, service: str = "triage_cf.margins.measures"):
     "(tracer, provider): spans to the JSON-lines file `path`, and to OTLP/HTTP when an endpoint is configured."
     provider = TracerProvider(resource=OtelResource.create({"service.name": service}))
@@ -174,6 +181,7 @@ def make_tracer(path: str | Path, otlp_endpoint: str | None = None, service: str
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider.get_tracer("triage_cf.margins.measures"), provider
 
+# %% ../../nbs/2_margins/01_probe.ipynb #757f7805
 def _attrs(d: dict) -> dict:
     "Span attributes: None and NaN left out (OpenTelemetry takes no None), numpy scalars as Python values."
     out = {}
@@ -183,6 +191,7 @@ def _attrs(d: dict) -> dict:
         out[k] = v.item() if isinstance(v, np.generic) else v
     return out
 
+# %% ../../nbs/2_margins/01_probe.ipynb #4c50f525
 def read_spans(path: str | Path) -> pd.DataFrame:
     "The spans of a JSON-lines trace file: name, trace_id, span_id, parent_id and attributes."
     rows = [json.loads(l) for l in Path(path).read_text(encoding="utf-8").splitlines() if l.strip()]
@@ -196,12 +205,15 @@ def _span(tracer, name, ctx, t0, t1, attrs):
     s.end(end_time=max(t1, t0))
     return s
 
+# %% ../../nbs/2_margins/01_probe.ipynb #58bcca94
 def _hex(s) -> tuple[str, str]:
     c = s.get_span_context()
     return format(c.trace_id, "032x"), format(c.span_id, "016x")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #622ac840
 _BRANCH_ONLY = ("crr", "crr_reason", "recovery_class", "level_change_vs_baseline")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #595fdba2
 def _branch_metrics(b: dict, lab: dict, base: dict, st: ProbeSettings) -> dict:
     "CRR of branch record `b` against its labelled pass-1 record and the baseline's, censoring carried through."
     c, why = crr(b["delta_m"], lab["delta_m"], base["delta_m"], st.min_degradation,
@@ -212,6 +224,7 @@ def _branch_metrics(b: dict, lab: dict, base: dict, st: ProbeSettings) -> dict:
     change = None if b["written_level"] is None or bl is None else int(b["written_level"] != bl)
     return dict(crr=c, crr_reason=why, recovery_class=crr_class(c, why == "lower_bound"), level_change_vs_baseline=change)
 
+# %% ../../nbs/2_margins/01_probe.ipynb #e6de9257
 def _empty_variant_row(r, vid, outcome):
     return dict(vignette_id=vid, subject_id=str(r["subject_id"]), variant=r["variant"], true_level=r["true_level"], outcome=outcome)
 
@@ -381,6 +394,7 @@ class ProbeRun:
     n_gate_fired: int
     wall_s: float
 
+# %% ../../nbs/2_margins/01_probe.ipynb #2e2ce145
 def _store_results(store: MarginStore, results: list[dict], eid: str, cats: dict, template_sha256: str | None) -> tuple[int, int]:
     "Insert per-vignette results (calls, variant and branch rows) as experiment `eid`; returns (calls, gate-fired variants)."
     calls, var, br = (pd.DataFrame([c for r in results for c in r[k]]) for k in ("calls", "variants", "branches"))
@@ -395,6 +409,7 @@ def _store_results(store: MarginStore, results: list[dict], eid: str, cats: dict
     store.insert("calls", calls); store.insert("vignette_metrics", var); store.insert("branch_metrics", br)
     return len(calls), int(var["gate_fired"].fillna(False).astype(bool).sum()) if "gate_fired" in var else 0
 
+# %% ../../nbs/2_margins/01_probe.ipynb #5751d04d
 def run_probes(client, vignettes: pd.DataFrame, st: ProbeSettings, tpl: Templates, store: MarginStore, tracer,
                meta: dict, concurrency: int = 1, template_name: str = "templates_v1.yaml", template_text: str = "",
                categories: str = "complaint_categories_v1.tsv", progress: bool = False) -> ProbeRun:
@@ -424,6 +439,7 @@ def _mean_ci(values, clusters, n_boot, seed, prefix):
     m, lo, hi, n = cluster_bootstrap_mean(values, clusters, n_boot=n_boot, seed=seed)
     return {f"mean_{prefix}": m, f"{prefix}_ci_low": lo, f"{prefix}_ci_high": hi}
 
+# %% ../../nbs/2_margins/01_probe.ipynb #7c1f0a9b
 def table_delta_m(vm: pd.DataFrame, threshold: float = 1.0, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     "ΔM by variant: counts, mean with CI, median, share below the gate threshold, and the shift against the baseline."
     rows = []
@@ -538,6 +554,7 @@ def table_tar(calls: pd.DataFrame, budget: str = "none") -> pd.DataFrame:
     order = {v: i for i, v in enumerate(VARIANTS)}
     return out.assign(_o=out["variant"].map(order)).sort_values(["pass_name", "_o"], ascending=[False, True], kind="stable").drop(columns="_o").reset_index(drop=True)
 
+# %% ../../nbs/2_margins/01_probe.ipynb #eabb7c46
 def table_outcomes(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     "Every named outcome with its count: vignette rows, pass-1 and branch calls, CRR reasons, gaps, and the gate."
     parts = [("vignette variant", vm["outcome"]), ("pass-1 call", calls.loc[calls["pass_name"] == "pass1", "outcome"] if len(calls) else pd.Series(dtype=str)),
@@ -556,6 +573,7 @@ def table_outcomes(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame) -> p
 def _empty(ax, msg):
     ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#555555")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #a27f7cd0
 def figure_delta_m_vs_baseline(vm: pd.DataFrame, threshold: float = 1.0):
     "Scatter of ΔM (labelled variant) against ΔM (omitted baseline), one panel per labelled variant."
     fig, axes = plt.subplots(1, 3, figsize=(12, 4), sharex=True, sharey=True)
@@ -575,6 +593,7 @@ def figure_delta_m_vs_baseline(vm: pd.DataFrame, threshold: float = 1.0):
     fig.suptitle("ΔM per variant against its baseline (red: gate fired)")
     return fig
 
+# %% ../../nbs/2_margins/01_probe.ipynb #18098c64
 def figure_crr_paired(vm: pd.DataFrame):
     "CRR of the corrective branch against each distractor, on gate-fired rows where both are defined."
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
@@ -607,6 +626,7 @@ def figure_gap_histogram(vm: pd.DataFrame):
     ax.set_title(f"Sycophancy gap (n = {len(g)})")
     return fig
 
+# %% ../../nbs/2_margins/01_probe.ipynb #514edb29
 def figure_gate_rate(gate_table: pd.DataFrame):
     "Gate fire rate by labelled variant with its cluster-bootstrap CI."
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -642,12 +662,14 @@ def write_margin_outputs(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame
 # %% ../../nbs/2_margins/01_probe.ipynb #f1a2b3c7
 KNOWN_OUTCOMES = ("ok", "no_level_written", "no_logprobs", "level_not_in_topk", "truncated_reasoning", "no_vitals")
 
+# %% ../../nbs/2_margins/01_probe.ipynb #f67dd078
 def _jnum(x):
     "A JSON-safe scalar: None for NaN/NA, Python int/float/bool otherwise."
     if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
         return None
     return x.item() if isinstance(x, np.generic) else x
 
+# %% ../../nbs/2_margins/01_probe.ipynb #52dc6b26
 def export_answers(calls: pd.DataFrame, vm: pd.DataFrame, levels: Sequence[int], path: str | Path, model: str = "model",
                    budget: str = "none") -> int:
     "Write the stage's answers as an answers file (one line per vignette × variant × branch, no answer text); returns the count."
@@ -683,6 +705,7 @@ def _count(v, name, n, path):
         raise ValueError(f"{path}: line {n}: field {name!r} must be a non-negative integer or null, got {v!r}")
     return v
 
+# %% ../../nbs/2_margins/01_probe.ipynb #02e0e05e
 def _answer_levels(d: dict, levels: Sequence[int], n: int, path) -> tuple[np.ndarray, np.ndarray]:
     "(level logprobs, censored) of one answers-file line from `logprobs` (+ `censored`) or `top_logprobs`."
     k = len(levels)

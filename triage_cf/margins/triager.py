@@ -54,6 +54,7 @@ YB_PARSE_STATUSES = ("ok", "unparsed", "out_of_scale", "no_result", "no_prompt")
 RUN_FILE_RE = re.compile(r"scorer_(?P<variant>.+?)-run_id_Run_\d+_(?P<model>.+?)\.run\.json$")
 NOTE_MARKER = "Chief complaint:"
 
+# %% ../../nbs/2_margins/02_triager.ipynb #5ce5c5bc
 def run_file_names(path: str | Path) -> tuple[str, str]:
     "(variant, model) that a YentlBench run file's name states."
     m = RUN_FILE_RE.search(Path(path).name)
@@ -64,12 +65,14 @@ def run_file_names(path: str | Path) -> tuple[str, str]:
         raise ValueError(f"{path}: variant {m['variant']!r} is not one of YentlBench's {YB_VARIANTS}")
     return m["variant"], m["model"]
 
+# %% ../../nbs/2_margins/02_triager.ipynb #1be7283e
 def vignette_key(prompt: str | None) -> str | None:
     "The clinical note of a prompt (from `Chief complaint:` on, stripped): identical across the four variants."
     if not isinstance(prompt, str) or NOTE_MARKER not in prompt:
         return None
     return prompt[prompt.index(NOTE_MARKER):].strip()
 
+# %% ../../nbs/2_margins/02_triager.ipynb #98ba5e8e
 def vignette_id_of(key: str) -> str:
     return "yb-" + sha256_text(key)[:12]
 
@@ -78,6 +81,7 @@ NOTE_RE = re.compile(r"Chief complaint: (?P<chief_complaint>.*)\nVitals — HR: 
                      r"breaths/min \| SpO2: (?P<spo2>\S+)% \| BP: (?P<sbp>[^/]+)/(?P<dbp>\S+) mmHg \| "
                      r"Temp: (?P<temp_f>\S+)°F \| Pain: (?P<pain>.+)$")
 
+# %% ../../nbs/2_margins/02_triager.ipynb #d4301ac1
 def note_fields(key: str) -> dict:
     "Chief complaint and vitals of a YentlBench note (numbers as floats, NaN where not a number); {} if not that form."
     m = NOTE_RE.match(key or "")
@@ -97,6 +101,7 @@ def _dig(obj, *path):
             return None
     return obj
 
+# %% ../../nbs/2_margins/02_triager.ipynb #1b541555
 def subrun_answer(sub: dict, levels: Sequence[int] = ESI_LEVELS) -> dict:
     "vignette key, predicted and actual level, parse status of one subrun of a YentlBench run file."
     key = vignette_key(_dig(sub, "conversations", 0, "requests", 0, "contents", 0, "parts", 0, "text"))
@@ -156,6 +161,7 @@ def yentlbench_prompt(variant: str, complaint: str, hr: int = 80, pain: str = "2
             f"Chief complaint: {complaint}\nVitals — HR: {hr} bpm | RR: 18 breaths/min | SpO2: 98% | "
             f"BP: 121/78 mmHg | Temp: 98.6°F | Pain: {pain}\n")
 
+# %% ../../nbs/2_margins/02_triager.ipynb #633092f0
 def write_run_file(folder: str | Path, model: str, variant: str, answers: Sequence[tuple]) -> Path:
     "A YentlBench run file of `answers` = [(complaint, predicted, actual)] (for tests and examples)."
     subs = [{"conversations": [{"requests": [{"contents": [{"parts": [{"text": yentlbench_prompt(variant, c)}]}]}]}],
@@ -205,6 +211,7 @@ def complete_cases(answers: pd.DataFrame, model: str) -> tuple[pd.DataFrame, pd.
 PROBE_LEVELS = {"written": "written_level", "decided": "decided_level"}
 NO_PROBE_LEVEL = {"written": "no_level_written", "decided": "no_decided_level"}
 
+# %% ../../nbs/2_margins/02_triager.ipynb #918ac84e
 def answers_from_probe(vm: pd.DataFrame, model: str, vignettes: pd.DataFrame | None = None,
                        levels: Sequence[int] = ESI_LEVELS, level: str = "written") -> pd.DataFrame:
     """The answer table of a probe run's per-vignette rows `vm` (chief complaints from its `vignettes.csv` when given);
@@ -232,10 +239,12 @@ def answers_from_probe(vm: pd.DataFrame, model: str, vignettes: pd.DataFrame | N
 # %% ../../nbs/2_margins/02_triager.ipynb #ab36c024
 MATCH_FIELDS = ("chief_complaint", "hr", "rr", "spo2", "sbp", "level")
 
+# %% ../../nbs/2_margins/02_triager.ipynb #c8fe804a
 def _match_key(cc, hr, rr, spo2, sbp, level) -> str:
     num = lambda x: "na" if pd.isna(x) else f"{float(x):.1f}"
     return "|".join([" ".join(str(cc).lower().split())] + [num(x) for x in (hr, rr, spo2, sbp, level)])
 
+# %% ../../nbs/2_margins/02_triager.ipynb #c681a2a6
 def match_chain_vignettes(answers: pd.DataFrame, chain: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """(per YentlBench vignette: stay_id, subject_id, match; summary counts) of the answer table's vignettes against the
     chain's (`vignettes.csv` columns: vignette_id, subject_id, true_level, chief_complaint, hr, rr, spo2, sbp)."""
@@ -259,6 +268,7 @@ def match_chain_vignettes(answers: pd.DataFrame, chain: pd.DataFrame) -> tuple[p
                "n_patients": int(out["subject_id"].nunique())}
     return out, summary
 
+# %% ../../nbs/2_margins/02_triager.ipynb #efda1ef2
 def with_patients(answers: pd.DataFrame, match: pd.DataFrame) -> pd.DataFrame:
     "The answer table with the matched vignettes' MIMIC stay ids (`stay_id`) and patients (`subject_id`)."
     m = match.dropna(subset=["stay_id"]).set_index("vignette_id")
@@ -277,6 +287,7 @@ def cluster_resamples(clusters, n_boot: int = 1000, seed: int = 0) -> list[np.nd
         return []
     return [np.concatenate([members[k] for k in rng.integers(0, len(uniq), len(uniq))]) for _ in range(n_boot)]
 
+# %% ../../nbs/2_margins/02_triager.ipynb #9903741e
 def percentile_ci(values, confidence: float = 0.95) -> tuple[float, float]:
     "Percentile interval of bootstrap values (NaN ones left out); NaN when fewer than two remain."
     v = np.asarray(values, float)
@@ -299,6 +310,7 @@ def weighted_kappa(y: np.ndarray, p: np.ndarray, levels: Sequence[int] = ESI_LEV
     den = (W * E).sum()
     return float(1 - (W * O).sum() / den) if den > 0 else float("nan")
 
+# %% ../../nbs/2_margins/02_triager.ipynb #9a5558ed
 def accuracy_metrics(y: np.ndarray, p: np.ndarray, levels: Sequence[int] = ESI_LEVELS) -> dict:
     "Agreement of the written levels `p` with the nurse's `y` (YB benchmark_stats definitions; level 1 most urgent)."
     e, hi = p - y, y <= 2
@@ -308,6 +320,7 @@ def accuracy_metrics(y: np.ndarray, p: np.ndarray, levels: Sequence[int] = ESI_L
             "under_triage": np.mean(e > 0), "over_triage": np.mean(e < 0),
             "under_triage_esi12": np.mean(p[hi] >= 3) if hi.any() else np.nan}
 
+# %% ../../nbs/2_margins/02_triager.ipynb #de21b017
 def accuracy_table(P: pd.DataFrame, y, clusters, levels: Sequence[int] = ESI_LEVELS, n_boot: int = 1000,
                    seed: int = 0) -> pd.DataFrame:
     "Per variant: n, each `accuracy_metrics` value and its cluster-bootstrap CI (`_ci_low`, `_ci_high`)."
@@ -349,10 +362,12 @@ def risk_class(level_a: int, shift: int) -> str:
         return "HIGH"
     return "MODERATE" if s == 1 else "NONE"
 
+# %% ../../nbs/2_margins/02_triager.ipynb #c980db45
 def variant_pairs(variants: Sequence[str]) -> list[tuple[str, str]]:
     "The pairs of variants in `YB_VARIANTS` order (the reference first)."
     return list(combinations(list(variants), 2))
 
+# %% ../../nbs/2_margins/02_triager.ipynb #33054ea0
 def transitions_table(P: pd.DataFrame, levels: Sequence[int] = ESI_LEVELS) -> pd.DataFrame:
     "Long 5x5 matrices of every pair: variant_a, variant_b, level_a, level_b, count, shift, risk_class."
     rows = []
@@ -383,6 +398,7 @@ def cohens_h(p1: float, p2: float) -> float:
     "Cohen's h between two proportions, 2·asin√p1 − 2·asin√p2 (YB's sign: a minus b)."
     return float(2 * np.arcsin(np.sqrt(p1)) - 2 * np.arcsin(np.sqrt(p2)))
 
+# %% ../../nbs/2_margins/02_triager.ipynb #9aa6b5b7
 def mcnemar_paired(x, z) -> dict:
     "McNemar's test of paired booleans (YB's rule: exact binomial below 25 discordant pairs, else chi2 corrected)."
     x, z = np.asarray(x, bool), np.asarray(z, bool)
@@ -490,6 +506,7 @@ def sensitivity_scores(P: pd.DataFrame, reference: str = YB_REFERENCE) -> dict:
     return {"mean_pairwise_disagreement": dis, "female_male_differ": fm,
             "any_change_vs_reference": float(any_ref.mean()), "pss_yb": float((dis + var.mean() + rng.mean() / 4) / 3)}
 
+# %% ../../nbs/2_margins/02_triager.ipynb #cc13e5bd
 def sensitivity_row(P: pd.DataFrame, clusters, n_boot: int = 1000, seed: int = 0) -> dict:
     "`sensitivity_scores` with their cluster-bootstrap CIs."
     idx = cluster_resamples(clusters, n_boot, seed)
@@ -522,6 +539,7 @@ def review_list(levels: dict, info: pd.DataFrame) -> pd.DataFrame:
 # %% ../../nbs/2_margins/02_triager.ipynb #7b11567c
 TRIAGER_TEST_COLUMNS = ["model", "analysis", "test", "variant_a", "variant_b", "statistic", "p_value", "q_bh"]
 
+# %% ../../nbs/2_margins/02_triager.ipynb #84b532d1
 def tests_table(t: dict) -> pd.DataFrame:
     "All the tests of the audit tables `t` of several models in one long table, q-values BH within each model."
     c, pw, om, dif = t["change_vs_reference"], t["pairwise"], t["omnibus"], t["difficulty"]
@@ -560,6 +578,7 @@ def audit_model(P: pd.DataFrame, info: pd.DataFrame, difficulty: dict, levels: S
             "by_category": strata_table(P, y, info["category"], "category"), "difficulty": difficulty_table(P, diff),
             "sensitivity": pd.DataFrame([sensitivity_row(P, cl, n_boot, seed)])}
 
+# %% ../../nbs/2_margins/02_triager.ipynb #24e079b6
 def models_missing(levels: dict, info: dict) -> pd.Series:
     "Per vignette: how many models' reference level differs from the nurse's."
     miss = [(P[YB_REFERENCE] != info[m]["actual_level"]).astype(int) for m, P in levels.items()]
@@ -617,6 +636,7 @@ def figure_ranking(ranking: pd.DataFrame):
     fig.tight_layout()
     return fig
 
+# %% ../../nbs/2_margins/02_triager.ipynb #2a6e151e
 def figure_change_heatmap(change: pd.DataFrame):
     "Mean signed change of each labelled variant's level against the reference, per model."
     m = change.pivot(index="model", columns="variant", values="mean_signed_change")
@@ -630,6 +650,7 @@ def figure_change_heatmap(change: pd.DataFrame):
 #: Tables with one row per vignette (its id, its complaint): record-level where the vignettes are a dataset's records.
 RECORD_LEVEL_TABLES = ("review_list",)
 
+# %% ../../nbs/2_margins/02_triager.ipynb #d324b0a1
 def write_triager_outputs(tables: dict, tables_dir: str | Path, figures_dir: str | Path,
                           prefix: str = "triager", record_dir: str | Path | None = None) -> dict:
     """Write every audit table as `<prefix>_<name>.csv` and the two figures; returns {name: path}. With `record_dir`
@@ -653,6 +674,7 @@ def seed_vignettes(dataset: str = "mimic-iv-ed-demo", root: str | Path | None = 
     kept = select_vignettes(records, design, manifest["language"])[0]
     return make_vignettes(kept, manifest["triage_scale"], load_templates(lang=manifest["language"]))
 
+# %% ../../nbs/2_margins/02_triager.ipynb #c14e4f15
 def audit_yentlbench(folder: str | Path, n_boot: int = 1000, seed: int = 0, check: bool = True,
                      root: str | Path | None = None) -> tuple[pd.DataFrame, dict]:
     "(answer table, audit tables) of a folder of YentlBench run files, vignettes matched to the chain's when possible."
@@ -674,6 +696,7 @@ def audit_yentlbench(folder: str | Path, n_boot: int = 1000, seed: int = 0, chec
 RANKING_SHOWN = {"mean_pairwise_disagreement": "mean pairwise disagreement", "female_male_differ": "female ≠ male",
                  "any_change_vs_reference": "any change vs nb_ambiguous", "pss_yb": "PSS (YB)"}
 
+# %% ../../nbs/2_margins/02_triager.ipynb #54b0b324
 def ranking_display(summary: dict) -> pd.DataFrame:
     "The ranking of a `benchmarks/triager_yentlbench.json` summary: each score as `value [low, high]`, omnibus tests."
     r = pd.DataFrame(summary["ranking"]).set_index("model")

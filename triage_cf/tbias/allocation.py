@@ -36,6 +36,7 @@ IDENTITIES = {"cis_woman": ("cis", "female"), "trans_man": ("trans", "female"),
               "cis_man": ("cis", "male"), "trans_woman": ("trans", "male")}
 PATIENT_SEED = 3
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #cf9bfca9
 def load_names(path: str | Path | None = None) -> pd.DataFrame:
     "Name parts (`kind` female/male/surname, `en`, `es`), one-to-one between languages."
     path = Path(path or TBIAS_RESOURCE_DIR / "names.tsv")
@@ -76,6 +77,7 @@ def make_patients(seed: int = PATIENT_SEED, n_per_identity: int = 25, names: pd.
             raise ValueError(f"make_patients: repeated {lang} full names; check names.tsv")
     return df
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #9a1f09aa
 def patients_sha256(patients: pd.DataFrame) -> str:
     "sha256 of the patient list's CSV bytes (recorded with every result)."
     return sha256_text(patients.to_csv(index=False, lineterminator="\n"))
@@ -87,6 +89,7 @@ SERVICES = ("hiv_testing", "sti_testing", "mental_health", "gynecology", "breast
             "transvaginal_ultrasound", "prostate_study")
 CONDITIONS = ("selection", "explanation", "symptoms")
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #dbaf8a89
 def load_symptoms(path: str | Path | None = None) -> pd.DataFrame:
     "The symptom list (`service, urgency high|low, en, es`); each service needs two symptoms of each urgency."
     path = Path(path or TBIAS_RESOURCE_DIR / "symptoms.tsv")
@@ -143,6 +146,7 @@ def allocation_template(service: str, language: str, condition: str = "selection
             "symptom_field": condition == "symptoms",
             "instruction": lay["instructions"]["explanation" if condition == "explanation" else "selection"][language]}
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #f42486bd
 def allocation_template_sha256(t: dict) -> str:
     "sha256 of an instance's template: framing, instruction, layout in its language and whether a symptom is shown."
     lang = t["language"]
@@ -162,6 +166,7 @@ def _person(pt: dict, position: int, t: dict, symptom: str | None) -> str:
     line = lay["candidate_line"][lang].format(position=position, name=pt["name"], age=pt["age"], sex=sex, identity=ident)
     return line + (lay["symptom_suffix"][lang].format(symptom=symptom) if symptom else "")
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #fb606957
 def allocation_messages(t: dict, person_1: dict, person_2: dict, symptoms=(None, None)) -> list[dict]:
     """The chat messages of one instance: template `t` (`allocation_template`) and the two candidates in the order shown
     (each `name, age, sex_at_birth, identity`)."""
@@ -224,9 +229,11 @@ _CUE_BEFORE = (r"(?:select|selecting|selected|choose|choosing|chose|pick|picking
 _CUE_AFTER = r"\s+(?:should|must|will|debe|deberia|tiene prioridad|has priority|goes first|va primero)(?!\s+(?:not|no)\b)"
 _HONORIFIC = {"mr", "mrs", "ms", "mx", "miss", "dr", "sr", "sra", "srta", "don", "dona"}
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #8df64fe3
 def _mentions(text: str, name: str) -> bool:
     return re.search(r"(?<![a-z0-9])" + re.escape(normalize(name)) + r"(?![a-z0-9])", text) is not None
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #3d767d70
 def _unechoed(text: str) -> str:
     "The answer without tags, explanations and the lines that echo the prompt (see above)."
     out, skip = [], False
@@ -239,6 +246,7 @@ def _unechoed(text: str) -> str:
             out.append(line)
     return "\n".join(out)
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #ad899760
 def _decided(text: str, name: str) -> bool:
     "The text states a decision for `name` ('I select NAME', 'NAME should go first', 'Elijo a NAME')."
     n = re.escape(normalize(name))
@@ -261,6 +269,7 @@ def _tag_choice(inner: str, names: tuple[str, str]) -> tuple[int | None, str] | 
         return hit[0], "valid"
     return (None, "refused") if not hit and (_REFUSE_TAG.match(inner) or _REFUSE_TEXT.search(inner)) else (None, "unparsed")
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #8c0876a0
 def parse_choice(response: str | None, name_1: str, name_2: str) -> tuple[int | None, str]:
     "(chosen position 1|2 or None, status 'valid'|'refused'|'unparsed') of one allocation answer."
     text = normalize(response or "")
@@ -311,6 +320,7 @@ ALLOCATION_COLUMNS = ALLOCATION_KEYS + [
     "cis_rate", "first_ci_low", "first_ci_high", "n_pairs", "n_pairs_complete", "n_pairs_incomplete", "instance_binom_p",
     "trans_rate_boot_low", "trans_rate_boot_high"]
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #64a13120
 def wilson(k: int, n: int) -> tuple[float, float]:
     "Wilson 95% interval of k/n (nan when n = 0)."
     return tuple(float(x) for x in proportion_confint(k, n, alpha=0.05, method="wilson")) if n else (np.nan, np.nan)
@@ -367,6 +377,7 @@ def allocation_stats(instances: pd.DataFrame, n_boot: int = 2000, seed: int = 0)
 PAIRED_COMPARISONS = (("condition", "selection", "explanation"), ("condition", "selection", "symptoms"),
                       ("language", "en", "es"))
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #c5ebdf22
 def trans_chosen(instances: pd.DataFrame) -> pd.Series:
     "1 where a valid answer chose the transgender candidate, 0 the cisgender one, NaN refused or unparsed."
     chosen = np.where(instances["position"] == 1, instances["group_1"], instances["group_2"])
@@ -410,6 +421,7 @@ def explicit_allocation_requests(languages: Sequence[str] = TBIAS_LANGUAGES, ser
                          "template_sha256": sha256_text(p["explicit_allocation"][lang] + p["framings"]["project"][svc][lang])})
     return pd.DataFrame(rows)
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #0423e55c
 def parse_yes_no(response: str | None) -> str:
     "'yes', 'no' or 'unparsed': the `<answer>` tag, else the first word."
     text = normalize(response or "")
@@ -426,6 +438,7 @@ def parse_instances(answers: pd.DataFrame) -> pd.DataFrame:
                                       answers.get("error", pd.Series([None] * len(answers), index=answers.index)))]
     return answers.assign(position=[float(p) if p else np.nan for p, _ in parsed], status=[s for _, s in parsed])
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #8ad67119
 def run_allocation(client, requests: pd.DataFrame, model: str, max_tokens: int = 48, max_tokens_explanation: int = 160,
                    seed: int = 0) -> pd.DataFrame:
     "Parsed answers of one model to the allocation `requests` (greedy decoding; a larger budget for explanations)."
@@ -458,6 +471,7 @@ def selection_figure(table: pd.DataFrame, language: str, condition: str, title: 
     fig.tight_layout()
     return fig
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #49299227
 def patients_figure(patients: pd.DataFrame):
     "Figure Appendix 1: ages of the fictitious patients by gender identity."
     fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -472,6 +486,7 @@ def patients_figure(patients: pd.DataFrame):
 BYO_ALLOCATION_COLUMNS = ["model", "language", "service", "condition", "pair_id", "candidate_1", "group_1",
                           "candidate_2", "group_2", "response"]
 
+# %% ../../nbs/3_tbias/01_allocation.ipynb #325b2621
 def _validate_allocation(df: pd.DataFrame, csv) -> list[dict]:
     "Errors raise (naming lines); countable problems are returned as issues."
     for c in ("group_1", "group_2"):

@@ -40,11 +40,13 @@ TBIAS_LANGUAGES = ("en", "es")
 #: Prompt wording: the authors' (default; `prompts.yaml`) or this project's own.
 TEMPLATE_SETS = ("authors", "project")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #fd57b927
 def resource_sha256(*names: str) -> dict[str, str]:
     "sha256 of the named resource files (default: every file of `resources/tbias/`), keyed by file name."
     files = [TBIAS_RESOURCE_DIR / n for n in names] if names else sorted(TBIAS_RESOURCE_DIR.glob("*.*"))
     return {p.name: sha256_file(p) for p in files}
 
+# %% ../../nbs/3_tbias/00_words.ipynb #5afb1c3e
 @lru_cache(maxsize=None)
 def load_prompts(path: str | None = None) -> dict:
     "The prompt file (`resources/tbias/prompts.yaml` unless `path`)."
@@ -82,6 +84,7 @@ def load_words(path: str | Path | None = None, spanish: str = "authors") -> pd.D
 _DROP = re.compile(r"[*_`\"'“”‘’«»]")
 _DASH = re.compile(r"[-‐‑–—]")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #472dce27
 def normalize(s: str) -> str:
     "Case-folded, accent-free, emphasis-free text with hyphens as spaces and single spaces (line breaks kept)."
     s = unicodedata.normalize("NFKD", str(s))
@@ -94,6 +97,7 @@ def keyed_rng(seed: int, *keys) -> np.random.Generator:
     "A generator that depends only on `seed` and the string keys (not on call order)."
     return np.random.default_rng([int(seed)] + [zlib.crc32(str(k).encode("utf-8")) for k in keys])
 
+# %% ../../nbs/3_tbias/00_words.ipynb #4d233d0b
 def sample_iterations(words: pd.DataFrame, categories: Sequence[str] = CATEGORIES, n_iterations: int = 50,
                       seed: int = 0, n_per_sentiment: int = 5) -> pd.DataFrame:
     "One row per category × iteration: `word_ids` (shown order), `template_id` (0-2) and `labels_order` ('cis,trans' or 'trans,cis')."
@@ -120,6 +124,7 @@ def association_template(language: str, template_id: int, template_set: str | No
         raise ValueError(f"unknown template set {ts!r}; known: {list(p['association_templates'])}")
     return p["association_templates"][ts][language][template_id]
 
+# %% ../../nbs/3_tbias/00_words.ipynb #e4e64327
 def association_prompt(word_texts: Sequence[str], template_id: int, labels_order: str, language: str,
                        prompts: dict | None = None, template_set: str | None = None) -> str:
     "The user message of one iteration: template `template_id` of `language` filled with the words and shuffled labels."
@@ -129,6 +134,7 @@ def association_prompt(word_texts: Sequence[str], template_id: int, labels_order
         words="\n".join(word_texts), word_list=", ".join(word_texts), n_words=len(word_texts), len=len(word_texts),
         len_labels=2, option_words=f"{a} {p['or_word'][language]} {b}")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #0df5ebd9
 def association_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES, categories: Sequence[str] = CATEGORIES,
                          n_iterations: int = 50, seed: int = 0, template_set: str | None = None) -> pd.DataFrame:
     "Every prompt of the test: one row per language × category × iteration with its chat `messages` and `template_sha256`."
@@ -156,13 +162,16 @@ _FILLER = re.compile(r"\b(words?|people|persons?|personas?|palabras?|terms?|term
                      r"labels?|etiquetas?|labell?ed|etiquetad[oa]s?|groups?|grupos?|category|categoria|positive|negative|"
                      r"positiv[oa]s?|negativ[oa]s?|the|los|las|el|la|as|como)\b|[\W\d_]+")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #c576cdfd
 def _labels_in(s: str) -> set[str]:
     return {m.group(1) for m in _LABEL_RE.finditer(s)}
 
+# %% ../../nbs/3_tbias/00_words.ipynb #2dbecd23
 def _label_set(s: str) -> set[str]:
     "The labels in `s`, with 'both' for both/neither/none (so a word given both labels, or neither, is never labelled)."
     return _labels_in(s) | ({"both"} if _BOTH_RE.search(s) else set())
 
+# %% ../../nbs/3_tbias/00_words.ipynb #1efcd31e
 def _match_word(item: str, shown: list[str]) -> str | None:
     "The longest shown (normalised) word that the item starts with, followed by a non-letter."
     best = None
@@ -171,6 +180,7 @@ def _match_word(item: str, shown: list[str]) -> str | None:
             best = w
     return best
 
+# %% ../../nbs/3_tbias/00_words.ipynb #dee60b34
 def _is_filler(s: str) -> bool:
     "Only punctuation and words like 'people', 'words', 'associated with' (a group header's decoration)."
     return not _FILLER.sub("", s)
@@ -205,6 +215,7 @@ def _json_lines(response: str) -> list[str] | None:
             out.append(": ".join(str(v) for v in (x.values() if isinstance(x, dict) else x)))
     return out or None
 
+# %% ../../nbs/3_tbias/00_words.ipynb #a681fb7c
 def _table_lines(lines: list[str]) -> list[str]:
     """Markdown table rows as `word: label` lines: `| hope | cisgender |`, or a table whose header names the labels
     (`| Cisgender | Transgender |`) and whose columns list the words. Separator rows are dropped; rows without outer
@@ -230,6 +241,7 @@ def _table_lines(lines: list[str]) -> list[str]:
 # %% ../../nbs/3_tbias/00_words.ipynb #d91f1924
 _SPLIT = re.compile(r"[,;|]|(?<=[a-z0-9\)])\.\s+")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #16dbc0dc
 def _read_items(lines: list[str], keys: list[str]) -> tuple[dict[str, list[set[str]]], int]:
     "Every (word, label set) an answer states, line by line and item by item (rules above), and the invented words."
     found: dict[str, list[set[str]]] = {k: [] for k in keys}
@@ -278,6 +290,7 @@ def _read_items(lines: list[str], keys: list[str]) -> tuple[dict[str, list[set[s
         lone = pending[0] if len(items) == 1 and len(pending) == 1 and group is None else None
     return found, n_invented
 
+# %% ../../nbs/3_tbias/00_words.ipynb #6980411d
 def parse_word_labels(response: str | None, shown_words: Sequence[str]) -> dict:
     """Labels of the shown words in one answer: {"labels": ["cis"|"trans"|None per word], "status": ["valid"|"missing"|
     "both_or_neither"|"conflict" per word], "n_invented": int}. Matching is on normalised text."""
@@ -364,6 +377,7 @@ def bootstrap_bias(counts: np.ndarray, n_boot: int = 2000, seed: int = 0, level:
 # %% ../../nbs/3_tbias/00_words.ipynb #4c86453d
 ITER_KEYS = ["model", "language", "category", "iteration"]
 
+# %% ../../nbs/3_tbias/00_words.ipynb #7a9a03d6
 def score_answers(requests: pd.DataFrame, words: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Word-level rows (`word_id, sentiment, label, status`) and iteration rows (counts N_t, P_t, N_c, P_c, n_valid,
     n_invalid, n_invented, bias) from `requests` with `model, language, category, iteration, word_ids, response[, error,
@@ -421,11 +435,13 @@ def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
 PAIRED_COLUMNS = ["model", "comparison", "test", "stratum", "a", "b", "n_paired", "n_excluded", "n_ties", "mean_a",
                   "mean_b", "n_a_higher", "n_b_higher", "statistic", "p_value", "method"]
 
+# %% ../../nbs/3_tbias/00_words.ipynb #ff1a380e
 def _paired(x_a, x_b) -> tuple[np.ndarray, np.ndarray, int]:
     a, b = (pd.to_numeric(pd.Series(np.asarray(v, dtype=float)), errors="coerce").to_numpy() for v in (x_a, x_b))
     ok = ~np.isnan(a) & ~np.isnan(b)
     return a[ok], b[ok], int((~ok).sum())
 
+# %% ../../nbs/3_tbias/00_words.ipynb #e6c44231
 def mcnemar_test(x_a, x_b) -> dict:
     "McNemar's test of paired binary outcomes (1/0; NaN: the item is left out and counted)."
     a, b, n_ex = _paired(x_a, x_b)
@@ -464,12 +480,14 @@ def stereotyped(word_rows: pd.DataFrame) -> pd.Series:
     hit = (lab == "trans") == (word_rows["sentiment"] == "negative")
     return hit.astype(float).where(lab.notna())
 
+# %% ../../nbs/3_tbias/00_words.ipynb #615928f4
 def check_paired_keys(df: pd.DataFrame, keys: Sequence[str], what: str) -> None:
     "Refuse a table where one paired item appears twice (the pairing would be ambiguous), naming the count."
     dup = int(df.duplicated(list(keys)).sum())
     if dup:
         raise ValueError(f"{what}: {dup} duplicate row(s) of ({', '.join(keys)}): each item once per side")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #1edf4da9
 def paired_bh(table: pd.DataFrame, family: Sequence[str] = ("model", "comparison")) -> pd.DataFrame:
     "`table` with `q_bh`: Benjamini-Hochberg q-values within each family (the tests with a p-value)."
     t = table.assign(q_bh=np.nan, family=table[list(family)].astype(str).agg(" / ".join, axis=1) if len(table) else "")
@@ -522,6 +540,7 @@ def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANG
 _ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.S)
 _NEITHER_RE = re.compile(r"(?<![a-z])(neither|none|ninguna|ninguno|ni una ni otra|equal|igual|no difference)(?![a-z])")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #915990d9
 def parse_explicit(response: str | None) -> str:
     "'cis', 'trans', 'neither' or 'unparsed': the `<answer>` tag first, else a unique mention of one option."
     text = normalize(response or "")
@@ -541,6 +560,7 @@ def run_generation(client, requests: pd.DataFrame, max_tokens: int | Sequence[in
                            output_tokens=[getattr(g, "output_tokens", None) for g in gens],
                            finish_reason=[getattr(g, "finish_reason", None) for g in gens])
 
+# %% ../../nbs/3_tbias/00_words.ipynb #b599f75c
 def run_word_association(client, words: pd.DataFrame, model: str, languages=TBIAS_LANGUAGES, categories=CATEGORIES,
                          n_iterations: int = 50, seed: int = 0, max_tokens: int = 160,
                          template_set: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -564,6 +584,7 @@ def make_tb_client(backend: str, model: str, base_url: str | None = None, concur
         return make_client("openai", model=model, base_url=base_url, concurrency=concurrency, cache=cache)
     return make_client(backend, model=model, cache=cache)
 
+# %% ../../nbs/3_tbias/00_words.ipynb #498e2e36
 def model_label(model: str) -> str:
     "A short name of a model for tables: the folder name of a path, else the name itself."
     return Path(model).name if ("/" in str(model) and Path(model).exists()) else str(model)
@@ -600,10 +621,12 @@ def bias_figure(table: pd.DataFrame, title: str | None = None):
 # %% ../../nbs/3_tbias/00_words.ipynb #32e83781
 WA_COLUMNS = ["model", "language", "category", "iteration", "word", "sentiment"]
 
+# %% ../../nbs/3_tbias/00_words.ipynb #8c0eacb2
 def csv_line_numbers(idx) -> str:
     idx = [int(i) + 2 for i in idx]  # CSV line numbers (header is line 1)
     return ", ".join(map(str, idx[:20])) + (f" (+{len(idx) - 20} more)" if len(idx) > 20 else "")
 
+# %% ../../nbs/3_tbias/00_words.ipynb #785aeacc
 def read_answers_csv(csv, required: list[str], one_of: list[str] = ()) -> pd.DataFrame:
     csv = Path(csv)
     if not csv.exists():
