@@ -23,7 +23,8 @@ __all__ = ['COHORT_RULES', 'load_terms', 'term_hits', 'class_match', 'term_word_
 
 # %% ../nbs/0_shared/05_cohort.ipynb #b20a78de
 def load_terms(name: str | Path) -> list[str]:
-    "Terms of a list file: one per line, '#' comments and blank lines ignored (a path, or a file in triage_cf/resources)."
+    """Terms of a list file: one per line, '#' comments and blank lines ignored (a path, or a file in
+    triage_cf/resources)."""
     p = Path(name)
     text = p.read_text(encoding="utf-8") if p.is_file() else None
     if text is None:
@@ -38,7 +39,8 @@ def load_terms(name: str | Path) -> list[str]:
 
 # %% ../nbs/0_shared/05_cohort.ipynb #c8f4913c
 def _fold_case(s: pd.Series) -> pd.Series:
-    return s.astype("string").map(lambda x: unicodedata.normalize("NFC", x).casefold() if isinstance(x, str) else x).astype("string")
+    return s.astype("string").map(lambda x: unicodedata.normalize("NFC", x).casefold() if isinstance(x, str)
+                                  else x).astype("string")
 
 # %% ../nbs/0_shared/05_cohort.ipynb #276ef7cf
 def _norm_term(t: str) -> str:
@@ -48,7 +50,8 @@ def _norm_term(t: str) -> str:
 def term_hits(texts: pd.Series, terms: list[str]) -> pd.DataFrame:
     "Boolean frame (rows x terms): does each text contain each term (case-insensitive substring)? Missing text: False."
     t = _fold_case(texts)
-    return pd.DataFrame({term: t.str.contains(_norm_term(term), regex=False).fillna(False).astype(bool) for term in terms},
+    return pd.DataFrame({term: t.str.contains(_norm_term(term), regex=False).fillna(False).astype(bool)
+                         for term in terms},
                         index=texts.index)
 
 # %% ../nbs/0_shared/05_cohort.ipynb #eb2b8115
@@ -88,7 +91,8 @@ def _rule_sex_specific_cc(df, cfg):
 
 # %% ../nbs/0_shared/05_cohort.ipynb #2725bf27
 def _appendix_lang(terms: list[str], cfg: dict) -> str | None:
-    "The language whose Appendix A list (`triage_cf.rewrite.sex_specific_terms`) `terms` is (or `cfg['lang']`), else None."
+    """The language whose Appendix A list (`triage_cf.rewrite.sex_specific_terms`) `terms` is (or `cfg['lang']`), else
+    None."""
     if cfg.get("lang"):
         return cfg["lang"]
     key = [unicodedata.normalize("NFC", t).lower() for t in terms]
@@ -104,13 +108,15 @@ def term_word_hits(texts: pd.Series, terms: list[str], lang: str) -> pd.DataFram
 
 # %% ../nbs/0_shared/05_cohort.ipynb #5cb8cde5
 def _rule_term_exclusion(df, cfg):
-    "Records with an Appendix A term; `match`: words (default, the matcher of g) | substring (the paper's Table 4 as written)."
+    """Records with an Appendix A term; `match`: words (default, the matcher of g) | substring (the paper's Table 4 as
+    written)."""
     fields, terms, match = list(cfg["fields"]), load_terms(cfg["terms"]), cfg.get("match", "words")
     if match not in ("words", "substring"):
         raise ValueError(f"term_exclusion: match must be words or substring, got {match!r}")
     lang = _appendix_lang(terms, cfg)
     if lang is None and match == "words":
-        raise ValueError(f"term_exclusion: {cfg['terms']} is not the Appendix A list of a language g knows; set match: substring (or lang:)")
+        raise ValueError(f"term_exclusion: {cfg['terms']} is not the Appendix A list of a language g knows; set match: "
+                         "substring (or lang:)")
     sub = pd.DataFrame(False, index=df.index, columns=terms)
     words = pd.DataFrame(False, index=df.index, columns=terms) if lang else None
     for f in fields:
@@ -169,7 +175,8 @@ class CohortResult:
     exclusions: pd.DataFrame    # record_id, rule (the step that removed it)
     flow: pd.DataFrame          # step, rule, description, n_in, n_removed, n_out
     term_counts: pd.DataFrame   # rule, term, n_records (records entering the step that contain the term, by the step's
-                                # matcher), n_records_words (whole words, as g), n_records_substring (the paper's substrings)
+                                # matcher), n_records_words (whole words, as g), n_records_substring (the paper's
+                                # substrings)
 
 # %% ../nbs/0_shared/05_cohort.ipynb #e007cce2
 def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None = None) -> CohortResult:
@@ -180,8 +187,10 @@ def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None
     flow, excl, terms = [], [], []
     if rows_read is not None:
         if rows_read < len(records):
-            raise ValueError(f"rows_read {rows_read} < {len(records)} records: data_quality does not match records.parquet")
-        flow.append(("01_data", "record id missing or duplicated (01_data, see data_quality)", rows_read, rows_read - len(records), len(records)))
+            raise ValueError(f"rows_read {rows_read} < {len(records)} records: data_quality does not match "
+                             "records.parquet")
+        flow.append(("01_data", "record id missing or duplicated (01_data, see data_quality)", rows_read,
+                     rows_read - len(records), len(records)))
     df = records
     for s in steps:
         fn = COHORT_RULES[s["rule"]][0]
@@ -192,7 +201,8 @@ def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None
         remove = remove.reindex(df.index).fillna(False).astype(bool)
         flow.append((s["name"], desc, len(df), int(remove.sum()), int((~remove).sum())))
         excl.append(pd.DataFrame({"record_id": df.loc[remove, "record_id"].astype("string"), "rule": s["name"]}))
-        terms += [(s["name"], t, *((n["n_records"], n["n_records_words"], n["n_records_substring"]) if isinstance(n, dict) else (int(n), None, None)))
+        terms += [(s["name"], t, *((n["n_records"], n["n_records_words"], n["n_records_substring"])
+                                   if isinstance(n, dict) else (int(n), None, None)))
                   for t, n in tc.items()]
         df = df[~remove]
     flow_df = pd.DataFrame(flow, columns=["rule", "description", "n_in", "n_removed", "n_out"])
@@ -200,7 +210,8 @@ def apply_cohort(records: pd.DataFrame, rules: list[dict], rows_read: int | None
     exclusions = (pd.concat(excl, ignore_index=True) if excl else pd.DataFrame({"record_id": [], "rule": []}))
     exclusions = exclusions.astype({"record_id": "string", "rule": "string"}).reset_index(drop=True)
     res = CohortResult(df.reset_index(drop=True), exclusions, flow_df,
-                       pd.DataFrame(terms, columns=["rule", "term", "n_records", "n_records_words", "n_records_substring"]))
+                       pd.DataFrame(terms, columns=["rule", "term", "n_records", "n_records_words",
+                                                    "n_records_substring"]))
     check_cohort(records, res, rows_read)
     return res
 
@@ -214,14 +225,17 @@ def check_cohort(records: pd.DataFrame, res: CohortResult, rows_read: int | None
         raise AssertionError(f"cohort ({len(kept)}) + exclusions ({len(ex)}) != records ({len(records)})")
     f = res.flow
     if not (f["n_in"] - f["n_removed"] == f["n_out"]).all() or not (f["n_out"].iloc[:-1].to_numpy() == f["n_in"].iloc[1:].to_numpy()).all():
-        raise AssertionError("cohort flow does not chain (n_in - n_removed != n_out, or a step's n_in != previous n_out)")
+        raise AssertionError("cohort flow does not chain (n_in - n_removed != n_out, or a step's n_in != previous "
+                             "n_out)")
     start = rows_read if rows_read is not None else len(records)
-    if len(f) and (f["n_in"].iloc[0] != start or f["n_out"].iloc[-1] != len(res.cohort) or start - f["n_removed"].sum() != len(res.cohort)):
+    if len(f) and (f["n_in"].iloc[0] != start or f["n_out"].iloc[-1] != len(res.cohort)
+                   or start - f["n_removed"].sum() != len(res.cohort)):
         raise AssertionError("cohort flow totals do not match the records read and the cohort kept")
     by_rule = res.exclusions["rule"].value_counts()
     for r in f.itertuples():
         if r.rule != "01_data" and int(by_rule.get(r.rule, 0)) != r.n_removed:
-            raise AssertionError(f"step {r.rule!r}: flow says {r.n_removed} removed, exclusions list {int(by_rule.get(r.rule, 0))}")
+            raise AssertionError(f"step {r.rule!r}: flow says {r.n_removed} removed, exclusions list "
+                                 f"{int(by_rule.get(r.rule, 0))}")
 
 # %% ../nbs/0_shared/05_cohort.ipynb #cfbf6f8d
 def _fmt_n(v) -> str:
@@ -239,7 +253,8 @@ def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
     arrow = dict(arrowstyle="-|>", color="#444444", lw=1.2)
     y = n
     first = "Records read" if n and flow["rule"].iloc[0] == "01_data" else "Records"
-    ax.text(3, y, f"{first}\nn = {_fmt_n(flow['n_in'].iloc[0]) if n else 0}", ha="center", va="center", bbox=main, fontsize=10)
+    ax.text(3, y, f"{first}\nn = {_fmt_n(flow['n_in'].iloc[0]) if n else 0}", ha="center", va="center", bbox=main,
+            fontsize=10)
     for i, r in enumerate(flow.itertuples()):
         y1 = y - 1
         ax.annotate("", xy=(3, y1 + 0.28), xytext=(3, y - 0.28), arrowprops=arrow)
@@ -254,7 +269,8 @@ def cohort_flow_figure(flow: pd.DataFrame, title: str | None = None):
     return fig
 
 # %% ../nbs/0_shared/05_cohort.ipynb #c0c4a7e2
-def complaint_categories(complaints: pd.Series, lang: str = "en", table: str = "complaint_categories_v1.tsv") -> pd.Series:
+def complaint_categories(complaints: pd.Series, lang: str = "en",
+                         table: str = "complaint_categories_v1.tsv") -> pd.Series:
     "The category of each complaint (first matching row of the mapping table for `lang`; `other` when none matches)."
     path = Path(table) if Path(table).is_file() else resource_path("margins", str(table))
     m = pd.read_csv(path, sep="\t", comment="#", dtype=str, keep_default_na=False)
@@ -263,7 +279,8 @@ def complaint_categories(complaints: pd.Series, lang: str = "en", table: str = "
         raise ValueError(f"complaint category table {table}: no rows for language {lang!r}")
     text = complaints.astype("string").fillna("")
     out, done = pd.Series("other", index=complaints.index, dtype=object), pd.Series(False, index=complaints.index)
-    for cat, pat in m.assign(o=m["order"].astype(int)).sort_values("o")[["category", "pattern"]].itertuples(index=False):
+    for cat, pat in m.assign(o=m["order"].astype(int)).sort_values("o")[["category",
+                                                                         "pattern"]].itertuples(index=False):
         rx = re.compile(pat, re.IGNORECASE)
         hit = text.map(lambda s: bool(rx.search(s))).astype(bool) & ~done
         out[hit], done = cat, done | hit

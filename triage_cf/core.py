@@ -47,7 +47,8 @@ def repo_root() -> Path:
     for p in [here, *here.parents]:
         if (p / "settings.ini").exists() and (p / "params").is_dir():
             return p
-    raise FileNotFoundError(f"cannot find the triage_cf repository root (settings.ini + params/) above {here}; set TRIAGE_CF_ROOT")
+    raise FileNotFoundError(f"cannot find the triage_cf repository root (settings.ini + params/) above {here}; set "
+                            "TRIAGE_CF_ROOT")
 
 # %% ../nbs/0_shared/00_core.ipynb #7b8c67e3
 def data_root() -> Path:
@@ -62,7 +63,8 @@ def manifest_dir() -> Path:
 
 # %% ../nbs/0_shared/00_core.ipynb #6f8e9f4c
 def resource_path(*parts: str) -> Path:
-    "A data file or folder of the package, `triage_cf/resources/<parts>` (word lists, lexicons, templates, phrase tables)."
+    """A data file or folder of the package, `triage_cf/resources/<parts>` (word lists, lexicons, templates, phrase
+    tables)."""
     return Path(str(resources.files("triage_cf").joinpath("resources", *parts)))
 
 # %% ../nbs/0_shared/00_core.ipynb #225a00b6
@@ -80,7 +82,8 @@ class _Yaml12Loader(yaml.SafeLoader):
 
 # %% ../nbs/0_shared/00_core.ipynb #9ea35f10
 _Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+                                    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
 
 # %% ../nbs/0_shared/00_core.ipynb #21b142a8
 def read_yaml(stream) -> Any:
@@ -92,7 +95,8 @@ ACCESS_LEVELS = ("open", "credentialed", "restricted")
 
 # %% ../nbs/0_shared/00_core.ipynb #2895b14a
 def read_manifest(name: str | Path) -> dict:
-    "The manifest YAML of dataset `name` (or a path to a manifest YAML), unchecked; names the known datasets when absent."
+    """The manifest YAML of dataset `name` (or a path to a manifest YAML), unchecked; names the known datasets when
+    absent."""
     p = Path(name)
     if p.suffix not in (".yaml", ".yml"):
         p = manifest_dir() / f"{name}.yaml"
@@ -130,8 +134,10 @@ def load_params(dataset: str, profile: str = "smoke", params_dir: Path | None = 
     dcfg = _read_yaml(dpath)
     dprof = dcfg.get("profiles", {}) or {}
     if profile not in prof_all and profile not in dprof:
-        raise ValueError(f"unknown profile {profile!r} for dataset {dataset!r}; known: {sorted(set(prof_all) | set(dprof))}")
-    merged = deep_merge(deep_merge(prof_all.get(profile, {}) or {}, dcfg.get("common", {}) or {}), dprof.get(profile, {}) or {})
+        raise ValueError(f"unknown profile {profile!r} for dataset {dataset!r}; known: "
+                         f"{sorted(set(prof_all) | set(dprof))}")
+    merged = deep_merge(deep_merge(prof_all.get(profile, {}) or {}, dcfg.get("common", {}) or {}),
+                        dprof.get(profile, {}) or {})
     merged.update(dataset=dataset, profile=profile)
     return merged
 
@@ -327,7 +333,8 @@ def read_parquet(path: str | Path) -> pd.DataFrame:
     "Read a parquet artifact, naming the file when it is missing."
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"artifact {path} does not exist: run the stage that writes it first (triage-cf reproduce)")
+        raise FileNotFoundError(f"artifact {path} does not exist: run the stage that writes it first (triage-cf "
+                                "reproduce)")
     return pd.read_parquet(path)
 
 # %% ../nbs/0_shared/00_core.ipynb #4cf050fc
@@ -341,7 +348,8 @@ def write_table(df: pd.DataFrame, tables_dir: str | Path, name: str, float_forma
         atomic_write_text(tables_dir.parent / "data" / "tables" / f"{name}.csv",
                           df.to_csv(index=False, float_format=float_format, lineterminator="\n"))
         df = suppress_small_cells(df, policy.min_cell)
-        df = df.apply(lambda s: s.map(lambda v: float_format % v if isinstance(v, float) else v) if s.dtype == object else s)
+        df = df.apply(lambda s: s.map(lambda v: float_format % v if isinstance(v, float) else v) if s.dtype == object
+                      else s)
     csv = df.to_csv(index=False, float_format=float_format, lineterminator="\n")
     atomic_write_text(tables_dir / f"{name}.csv", csv)
     try:
@@ -358,7 +366,8 @@ def read_table(tables_dir: str | Path, name: str) -> pd.DataFrame:
     exact = tables_dir.parent / "data" / "tables" / f"{name}.csv"
     p = exact if exact.exists() else tables_dir / f"{name}.csv"
     if not p.exists():
-        raise FileNotFoundError(f"table {tables_dir / name}.csv does not exist: run the stage that writes it first (triage-cf reproduce)")
+        raise FileNotFoundError(f"table {tables_dir / name}.csv does not exist: run the stage that writes it first "
+                                "(triage-cf reproduce)")
     return pd.read_csv(p, keep_default_na=False)
 
 # %% ../nbs/0_shared/00_core.ipynb #7abd3e47
@@ -371,7 +380,8 @@ def save_figure(fig, figures_dir: str | Path, name: str, dpi: int = 120) -> Path
 
 # %% ../nbs/0_shared/00_core.ipynb #2f7f0b4b
 def seed_everything(seed: int) -> np.random.Generator:
-    "Seed python, numpy and torch (if present) and make torch deterministic; returns a numpy Generator for the caller's own draws."
+    """Seed python, numpy and torch (if present) and make torch deterministic; returns a numpy Generator for the
+    caller's own draws."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     os.environ["PYTHONHASHSEED"] = str(seed)

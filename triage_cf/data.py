@@ -94,7 +94,8 @@ def validate_frame(schema: pa.DataFrameSchema, df: pd.DataFrame, source: str, wh
     except pa.errors.SchemaErrors as e:
         fc = e.failure_cases
         schema_level = fc["check"].astype(str).isin(["column_in_schema", "column_in_dataframe"])
-        col = fc["column"].astype(str).where(~schema_level, fc["failure_case"].astype(str))  # a column name, never a value
+        col = fc["column"].astype(str).where(~schema_level,
+                                             fc["failure_case"].astype(str))  # a column name, never a value
         table = fc["schema_context"].astype(str).eq("DataFrameSchema") & ~schema_level    # a check across columns
         col = col.where(~table, "(table)")
         rows = pd.DataFrame({"col": col, "check": fc["check"].astype(str), "row": fc["index"]}).drop_duplicates()
@@ -110,7 +111,8 @@ def empty_records(n: int = 0) -> pd.DataFrame:
 
 # %% ../nbs/0_shared/06_data.ipynb #232f8942
 LANGUAGES = ("en", "fr")
-_REQUIRED_KEYS = ("name", "title", "citation", "licence", "access", "language", "triage_scale", "loader", "columns", "text_fields", "cohort")
+_REQUIRED_KEYS = ("name", "title", "citation", "licence", "access", "language", "triage_scale", "loader", "columns",
+                  "text_fields", "cohort")
 
 # %% ../nbs/0_shared/06_data.ipynb #62167dfa
 def list_manifests(mdir: str | Path | None = None) -> list[str]:
@@ -180,7 +182,8 @@ def file_checksum_status(f: dict, root: str | Path | None = None) -> str:
 
 # %% ../nbs/0_shared/06_data.ipynb #c7cb5ad4
 def verify_files(manifest: dict, root: str | Path | None = None) -> dict[str, str]:
-    "Check every file of `manifest` under the data root; returns {relpath: sha256} or raises naming file, sha256 and URL."
+    """Check every file of `manifest` under the data root; returns {relpath: sha256} or raises naming file, sha256 and
+    URL."""
     root = Path(root or data_root())
     out = {}
     for f in manifest.get("files") or []:
@@ -191,7 +194,8 @@ def verify_files(manifest: dict, root: str | Path | None = None) -> dict[str, st
                                     f"(access: {manifest['access']}); set TRIAGE_CF_DATA to the folder that holds it")
         actual = file_sha256(p)
         if not f.get("sha256"):
-            raise ValueError(f"{where} has no sha256 pinned in its manifest; after checking the download from {f['url']}, "
+            raise ValueError(f"{where} has no sha256 pinned in its manifest; after checking the download from "
+                             f"{f['url']}, "
                              f"pin it: sha256: {actual}")
         if actual != f["sha256"]:
             raise ValueError(f"{where} has sha256 {actual} but the manifest expects {f['sha256']}; "
@@ -221,8 +225,10 @@ def _first_bad_line(path: Path, encoding: str) -> tuple[int, int, int] | None:
     return None
 
 # %% ../nbs/0_shared/06_data.ipynb #7fc2b2cd
-def read_raw_csv(path: str | Path, sep: str = ",", columns: list[str] | tuple = (), encoding: str = "utf-8") -> pd.DataFrame:
-    "Read a raw CSV (optionally .gz) as text cells; clear errors for empty, mis-delimited, mis-encoded or incomplete files."
+def read_raw_csv(path: str | Path, sep: str = ",", columns: list[str] | tuple = (),
+                 encoding: str = "utf-8") -> pd.DataFrame:
+    """Read a raw CSV (optionally .gz) as text cells; clear errors for empty, mis-delimited, mis-encoded or incomplete
+    files."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
@@ -244,7 +250,8 @@ def read_raw_csv(path: str | Path, sep: str = ",", columns: list[str] | tuple = 
     if missing:
         for other in _DELIMS:
             if other != sep and all(c in [h.strip().strip('"') for h in header.split(other)] for c in columns):
-                raise ValueError(f"{path}: wrong delimiter: the manifest declares {sep!r} but the header is {other!r}-delimited "
+                raise ValueError(f"{path}: wrong delimiter: the manifest declares {sep!r} but the header is "
+                                 f"{other!r}-delimited "
                                  f"(found {len(names)} column(s) with {sep!r})")
         raise ValueError(f"{path}: missing required column(s) {missing} ({len(missing)} of {len(columns)} required); "
                          f"header has {len(names)} column(s)")
@@ -400,7 +407,8 @@ def canonicalize(raw: pd.DataFrame, manifest: dict, source: str = "raw table",
         elif col in CODED_COLUMNS and col in codes:
             v, c = decode_codes(s, codes[col])
         elif col in ("sex", "nurse_sex", "nurse_triage_training"):
-            raise ValueError(f"data_manifest/{manifest['name']}.yaml: {col} is mapped but has no code table under `codes`")
+            raise ValueError(f"data_manifest/{manifest['name']}.yaml: {col} is mapped but has no code table under "
+                             "`codes`")
         elif col == "arrival_mode":
             v, c = parse_text(s)
         else:
@@ -437,7 +445,8 @@ def canonicalize(raw: pd.DataFrame, manifest: dict, source: str = "raw table",
         ident_ids = set(identical[identical].index)
         first_copy = ~rec["record_id"].duplicated(keep="first")
         keep = ~dup | (rec["record_id"].isin(ident_ids) & first_copy)
-        counts[("record_id", "duplicate_identical_removed")] += int((dup & rec["record_id"].isin(ident_ids) & ~first_copy).sum())
+        counts[("record_id",
+                "duplicate_identical_removed")] += int((dup & rec["record_id"].isin(ident_ids) & ~first_copy).sum())
         counts[("record_id", "duplicate_conflicting_removed")] += int((dup & ~rec["record_id"].isin(ident_ids)).sum())
         rec = rec[keep]
     rec = rec.reset_index(drop=True)
@@ -450,7 +459,8 @@ def _file(manifest: dict, key: str) -> dict:
     for f in manifest["files"]:
         if f["key"] == key:
             return f
-    raise ValueError(f"data_manifest/{manifest['name']}.yaml: no file with key {key!r} (loader {manifest['loader']!r} needs it)")
+    raise ValueError(f"data_manifest/{manifest['name']}.yaml: no file with key {key!r} (loader {manifest['loader']!r} "
+                     "needs it)")
 
 # %% ../nbs/0_shared/06_data.ipynb #3a63ed19
 def read_manifest_file(manifest: dict, key: str, root: str | Path | None = None) -> pd.DataFrame:
@@ -489,7 +499,9 @@ DISCHARGE_SECTIONS = [
     "social history", "family history", "physical exam", "pertinent results", "brief hospital course",
     "medications on admission", "discharge medications", "discharge disposition", "facility", "discharge diagnosis",
     "discharge condition", "discharge instructions", "followup instructions"]
-_SECTION_RE = re.compile(r"^[ \t]*(" + "|".join(re.escape(s) for s in sorted(DISCHARGE_SECTIONS, key=len, reverse=True)) + r")[ \t]*:",
+_SECTION_RE = re.compile(r"^[ \t]*(" + "|".join(re.escape(s)
+                                                for s in sorted(DISCHARGE_SECTIONS, key=len,
+                                                                reverse=True)) + r")[ \t]*:",
                          re.IGNORECASE | re.MULTILINE)
 
 # %% ../nbs/0_shared/06_data.ipynb #892d05fb
@@ -566,7 +578,9 @@ def load_records(name: str | dict, seed: int = 42, synth: dict | None = None,
     """The canonical records of dataset `name` (or a manifest dict) and its data-quality table.
 
     Real datasets: files checked against their sha256 first. Synthetic: `synth` are the generator's knobs."""
-    manifest = load_manifest(name) if isinstance(name, (str, Path)) else check_manifest(name, f"manifest {name.get('name')!r}")
+    manifest = load_manifest(name) if isinstance(name,
+                                                 (str, Path)) else check_manifest(name,
+                                                                                  f"manifest {name.get('name')!r}")
     if manifest["loader"] == "synth":
         source = f"triage_cf.synth.generate_raw(lang={manifest['generator']['lang']!r})"
     else:
@@ -576,8 +590,10 @@ def load_records(name: str | dict, seed: int = 42, synth: dict | None = None,
     return canonicalize(raw, manifest, source, counts)
 
 # %% ../nbs/0_shared/06_data.ipynb #8d7af2f7
-def provenance(manifest: dict, root: str | Path | None = None, seed: int | None = None, synth: dict | None = None) -> dict:
-    "What `data/provenance.json` records: the dataset's description and {file: sha256} (generator settings if synthetic)."
+def provenance(manifest: dict, root: str | Path | None = None, seed: int | None = None,
+               synth: dict | None = None) -> dict:
+    """What `data/provenance.json` records: the dataset's description and {file: sha256} (generator settings if
+    synthetic)."""
     out = {"dataset": manifest["name"], "title": manifest["title"], "access": manifest["access"],
            "language": manifest["language"], "triage_scale": manifest["triage_scale"], "loader": manifest["loader"],
            "files": verify_files(manifest, root) if manifest["loader"] != "synth" else {}}
@@ -600,6 +616,7 @@ def dataset_status(root: str | Path | None = None) -> pd.DataFrame:
             st = [file_checksum_status(f, root) for f in m["files"]]
             present = all(s != "missing" for s in st)
             status = next((s for s in ("missing", "mismatch", "unpinned") if s in st), "ok")
-        rows.append({"name": name, "title": m["title"], "language": m["language"], "triage_scale": m["triage_scale"]["name"],
+        rows.append({"name": name, "title": m["title"], "language": m["language"],
+                     "triage_scale": m["triage_scale"]["name"],
                      "access": m["access"], "present": present, "checksum": status})
     return pd.DataFrame(rows, columns=["name", "title", "language", "triage_scale", "access", "present", "checksum"])

@@ -111,10 +111,12 @@ def build_index(records: pd.DataFrame, text_fields: list[str], ngram: int = NGRA
     for col in ID_COLUMNS:
         if col not in records.columns:
             continue
-        keys = {" ".join(_words(v)[:ngram]) for v in records[col].dropna().astype(str).str.strip().unique() if len(v) >= min_id_chars}
+        keys = {" ".join(_words(v)[:ngram]) for v in records[col].dropna().astype(str).str.strip().unique()
+                if len(v) >= min_id_chars}
         keys.discard("")
         sources.append(f"{col} of a record")
-        hs.append(np.fromiter((hash(k) for k in keys), np.int64, len(keys))); ls.append(np.full(len(keys), len(sources) - 1))
+        hs.append(np.fromiter((hash(k) for k in keys), np.int64,
+                              len(keys))); ls.append(np.full(len(keys), len(sources) - 1))
     for f in text_fields:
         if f not in records.columns:
             continue
@@ -171,7 +173,8 @@ def scan_text(text: str, output: str, index: ScanIndex, location: str = "", is_h
     for k in range(1, max_k + 1):
         if len(words) < k:
             break
-        hk = np.fromiter((hash(" ".join(words[i:i + k])) for i in range(len(words) - k + 1)), np.int64, len(words) - k + 1)
+        hk = np.fromiter((hash(" ".join(words[i:i + k])) for i in range(len(words) - k + 1)), np.int64,
+                         len(words) - k + 1)
         pos = np.searchsorted(index.hashes, hk)
         pos[pos >= len(index.hashes)] = 0
         for i in np.nonzero(index.hashes[pos] == hk)[0]:
@@ -197,25 +200,30 @@ def scan_notebook(nb, output: str, index: ScanIndex) -> list[Finding]:
             if kind == "stream":
                 out += scan_text(o.get("text", ""), output, index, f"{cname} output {oi} ({o.get('name', 'stream')})")
             elif kind == "error":
-                tb = "\n".join([o.get("ename", ""), o.get("evalue", ""), *[_ANSI.sub("", t) for t in o.get("traceback", [])]])
+                tb = "\n".join([o.get("ename", ""), o.get("evalue", ""),
+                                *[_ANSI.sub("", t) for t in o.get("traceback", [])]])
                 out += scan_text(tb, output, index, f"{cname} output {oi} (error)")
             else:
                 for mime, val in (o.get("data") or {}).items():
                     if mime.startswith("image/") and mime != "image/svg+xml":
                         continue
-                    val = val if isinstance(val, str) else json.dumps(val) if not isinstance(val, list) else "".join(val)
-                    out += scan_text(val, output, index, f"{cname} output {oi} ({mime})", is_html="html" in mime or "svg" in mime)
+                    val = val if isinstance(val, str) else json.dumps(val) if not isinstance(val,
+                        list) else "".join(val)
+                    out += scan_text(val, output, index, f"{cname} output {oi} ({mime})", is_html="html" in mime
+                                     or "svg" in mime)
     return out
 
 # %% ../nbs/0_shared/01_governance.ipynb #bb3a696f
 def check_table(path: Path, output: str, policy: AccessPolicy) -> list[Finding]:
     "Aggregate-only checks of a rendered CSV table: no identifying column, no count cell of 1..min_cell-1."
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    out = [Finding(output, f"column {c!r}", "row-level table (identifying column)") for c in df.columns if c in IDENTIFYING_COLUMNS]
+    out = [Finding(output, f"column {c!r}", "row-level table (identifying column)") for c in df.columns
+           if c in IDENTIFYING_COLUMNS]
     for c in count_columns(df):
         v = pd.to_numeric(df[c], errors="coerce")
         bad = np.nonzero(((v >= 1) & (v < policy.min_cell)).to_numpy())[0]
-        out += [Finding(output, f"row {i + 2}, column {c!r}", f"count cell of fewer than {policy.min_cell} records") for i in bad[:5]]
+        out += [Finding(output, f"row {i + 2}, column {c!r}", f"count cell of fewer than {policy.min_cell} records")
+                for i in bad[:5]]
     return out
 
 # %% ../nbs/0_shared/01_governance.ipynb #56d8ed8c
@@ -228,7 +236,8 @@ def rendered_files(paths: RunPaths) -> list[Path]:
     out = []
     for p in sorted(paths.root.rglob("*")):
         rel = p.relative_to(paths.root)
-        if not p.is_file() or rel.parts[0] == "data" or p.name == "run.json" or any(s.startswith(".") for s in rel.parts):
+        if not p.is_file() or rel.parts[0] == "data" or p.name == "run.json" or any(s.startswith(".")
+                                                                                    for s in rel.parts):
             continue
         if p.suffix.lower() in RENDERED_SUFFIXES:
             out.append(p)
@@ -258,7 +267,8 @@ def index_for_run(paths: RunPaths, policy: AccessPolicy | None = None) -> ScanIn
     return _INDEX_CACHE[key]
 
 # %% ../nbs/0_shared/01_governance.ipynb #ba63382a
-def scan_run(paths: RunPaths, policy: AccessPolicy, index: ScanIndex | None = None, pending: dict | None = None) -> list[Finding]:
+def scan_run(paths: RunPaths, policy: AccessPolicy, index: ScanIndex | None = None,
+             pending: dict | None = None) -> list[Finding]:
     """Findings in every rendered file of the run folder, and in `pending` outputs about to be written
     ({relative path: notebook node or text}), which replace the files of the same path."""
     index = index_for_run(paths, policy) if index is None else index
@@ -281,12 +291,14 @@ def scan_run(paths: RunPaths, policy: AccessPolicy, index: ScanIndex | None = No
 
 # %% ../nbs/0_shared/01_governance.ipynb #03b80753
 class RenderBlocked(RuntimeError):
-    "Rendered outputs of an aggregate-only run hold record data; the message names each output and cell, never the value."
+    """Rendered outputs of an aggregate-only run hold record data; the message names each output and cell, never the
+    value."""
     def __init__(self, what: str, policy: AccessPolicy, findings: list[Finding], kept: str | Path | None = None):
         self.findings, self.policy = findings, policy
         lines = [f"render blocked: {what} of {policy.access} dataset {policy.dataset!r} holds record data "
                  f"({len(findings)} finding(s)):"]
-        lines += [f"  {f}" for f in findings[:20]] + ([f"  ... and {len(findings) - 20} more"] if len(findings) > 20 else [])
+        lines += [f"  {f}" for f in findings[:20]] + ([f"  ... and {len(findings) - 20} more"] if len(findings) > 20
+                                                      else [])
         if kept:
             lines.append(f"  the unscanned execution stays outside the rendered folders: {kept}")
         super().__init__("\n".join(lines))
@@ -305,10 +317,12 @@ def guard_rendered(text: str, paths: RunPaths, output: str) -> list[Finding]:
 
 # %% ../nbs/0_shared/01_governance.ipynb #c8f11721
 def sanitize_message(msg: str, paths: RunPaths, policy: AccessPolicy) -> str:
-    "An error message of an aggregate-only run, withheld when it holds record data (it goes to run.json and the terminal)."
+    """An error message of an aggregate-only run, withheld when it holds record data (it goes to run.json and the
+    terminal)."""
     if not policy.enforce or not scan_text(msg, "message", index_for_run(paths, policy)):
         return msg
-    return msg.split(":", 1)[0] + ": (error message withheld: it holds record data; see the executed notebook under data/_executed/)"
+    return msg.split(":",
+        1)[0] + ": (error message withheld: it holds record data; see the executed notebook under data/_executed/)"
 
 # %% ../nbs/0_shared/01_governance.ipynb #7970de4e
 def publish_notebook(paths: RunPaths, stage: str, executed: Path, policy: AccessPolicy) -> list[Finding]:

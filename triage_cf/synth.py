@@ -45,7 +45,35 @@ assert set(_CC_TEXT) == set(CC_CLASSES.code), set(CC_CLASSES.code) ^ set(_CC_TEX
 
 # %% ../nbs/0_shared/03_synth.ipynb #23441b82
 _CUES = _resource("cues")   # cues.yaml
-_FR_AGREE = [tuple(p) for p in _CUES["fr_agree"]]  # (masculine, feminine) forms that agree with the patient; cues only at the start of a sentence
+_FR_AGREE = [tuple(p)
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                         for p in _CUES["fr_agree"]]  # (masculine, feminine) forms that agree with the patient; cues only at the start of a sentence
 _FR_AGREE_M = {m for m, f in _FR_AGREE}
 _FR_AGREE_F = {f for m, f in _FR_AGREE}
 _FR_POSSESSIVES = set(_CUES["fr_possessives"])
@@ -120,13 +148,15 @@ _SEVERITY = _resource("severity")   # severity.yaml
 SEVERITY_PHRASES = _SEVERITY["weights"]
 #: red flags drawn per complaint group (their negation is drawn from the same list), negations, reassuring phrases
 _RED_FLAGS, _NEGATION, _REASSURING = _SEVERITY["red_flags"], _SEVERITY["negation"], _SEVERITY["reassuring"]
-_PHRASE_RE = {lang: re.compile(r"(?<!\w)(" + "|".join(re.escape(p) for p in sorted(d, key=len, reverse=True)) + r")(?!\w)",
+_PHRASE_RE = {lang: re.compile(r"(?<!\w)(" + "|".join(re.escape(p)
+                                                      for p in sorted(d, key=len, reverse=True)) + r")(?!\w)",
                                re.IGNORECASE) for lang, d in SEVERITY_PHRASES.items()}
 _PHRASE_W = {lang: {p.lower(): w for p, w in d.items()} for lang, d in SEVERITY_PHRASES.items()}
 
 # %% ../nbs/0_shared/03_synth.ipynb #9fda998d
 def severity_phrases(text, lang: str) -> list[str]:
-    "The severity phrases the labelling process reads in `text` (lower case, in order; a negation wins over its red flag)."
+    """The severity phrases the labelling process reads in `text` (lower case, in order; a negation wins over its red
+    flag)."""
     if text is None or (isinstance(text, float) and math.isnan(text)) or text is pd.NA:
         return []
     return [m.lower() for m in _PHRASE_RE[lang].findall(str(text))]
@@ -217,15 +247,18 @@ def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: 
     need = ORACLE_COLUMNS + TEXT_FIELDS[lang]
     missing = [c for c in need if c not in df.columns]
     if missing:
-        raise KeyError(f"oracle_{lang}: the records lack canonical column(s) {missing} (a canonical record table has all of {need})")
+        raise KeyError(f"oracle_{lang}: the records lack canonical column(s) {missing} (a canonical record table has "
+                       f"all of {need})")
     sex = df["sex"].astype(object).where(df["sex"].notna(), None).tolist()
     bad_sex = sorted({s for s in sex if s is not None and s not in ("F", "M")})
     if bad_sex:
-        raise ValueError(f"oracle_{lang}: column sex holds {sum(s in bad_sex for s in sex)} value(s) other than F/M/missing: {bad_sex}")
+        raise ValueError(f"oracle_{lang}: column sex holds {sum(s in bad_sex for s in sex)} value(s) other than "
+                         f"F/M/missing: {bad_sex}")
     cc = df["cc_code"].astype(object).where(df["cc_code"].notna(), None).tolist()
     unknown = sorted({c for c in cc if c is not None and c not in _BETA})
     if unknown:
-        raise ValueError(f"oracle_{lang}: column cc_code holds {sum(c in unknown for c in cc)} unknown class code(s): {unknown[:10]}")
+        raise ValueError(f"oracle_{lang}: column cc_code holds {sum(c in unknown for c in cc)} unknown class code(s): "
+                         f"{unknown[:10]}")
     hr, rr, sbp, spo2 = (_float_column(df, c) for c in ("hr", "rr", "sbp", "spo2"))
     temp, gcs, pain, age = (_float_column(df, c) for c in ("temp_c", "gcs", "pain", "age"))
     mu = np.array([BETA_MISSING_CC if c is None else _BETA[c] for c in cc], dtype=float)   # clinical acuity c(x)
@@ -244,7 +277,8 @@ def oracle_latent(records, lang: str, bias_tab: float | None = None, bias_text: 
     mu += kn["bias_tab"] * np.array([s == "F" for s in sex], dtype=float)
     mu += kn["bias_text"] * np.array([text_sex_cue(t, lang) == "F" for t in texts], dtype=float)
     if kn["bias_local"]:   # the localised effect: the recorded sex F, in the classes of bias_local_cc only
-        mu += kn["bias_local"] * (np.array([s == "F" for s in sex]) & np.isin(np.array(cc, dtype=object), local_codes(kn)))
+        mu += kn["bias_local"] * (np.array([s == "F"
+                                            for s in sex]) & np.isin(np.array(cc, dtype=object), local_codes(kn)))
     return mu
 
 # %% ../nbs/0_shared/03_synth.ipynb #715c69b4
@@ -257,7 +291,8 @@ def oracle_proba(records, lang: str, bias_tab: float | None = None, bias_text: f
                  noise_scale: float | None = None, **generator_knobs) -> np.ndarray:
     "Exact level distribution $P(Y = k \\mid x)$, shape (n, 5), columns = levels 1..5, for any canonical records."
     sigma = _knobs(lang, dict(noise_scale=noise_scale))["noise_scale"]
-    mu = oracle_latent(records, lang, bias_tab=bias_tab, bias_text=bias_text, noise_scale=noise_scale, **generator_knobs)
+    mu = oracle_latent(records, lang, bias_tab=bias_tab, bias_text=bias_text, noise_scale=noise_scale,
+                       **generator_knobs)
     cum = _cum_proba(mu, sigma)
     full = np.concatenate([np.zeros((len(mu), 1)), cum, np.ones((len(mu), 1))], axis=1)
     return np.diff(full, axis=1)
@@ -303,10 +338,12 @@ def _has_stem(text: str, lang: str) -> bool:
 
 # %% ../nbs/0_shared/03_synth.ipynb #35cce9fc
 RAW_COLUMNS = {
-    "fr": ["id_passage", "date_entree", "saturation_su", "age", "sexe", "motif_code", "motif_libelle", "histoire_maladie",
+    "fr": ["id_passage", "date_entree", "saturation_su", "age", "sexe", "motif_code", "motif_libelle",
+           "histoire_maladie",
            "antecedents", "fc", "fr", "pas", "pad", "spo2", "temperature", "glasgow", "eva", "ide_sexe",
            "ide_experience_annees", "ide_formation_tri", "cimu"],
-    "en": ["stay_id", "subject_id", "intime", "gender", "age", "arrival_transport", "temperature", "heartrate", "resprate",
+    "en": ["stay_id", "subject_id", "intime", "gender", "age", "arrival_transport", "temperature", "heartrate",
+           "resprate",
            "o2sat", "sbp", "dbp", "pain", "acuity", "chiefcomplaint", "triage_note"],
 }
 EXTRA_COLUMNS = {
@@ -323,7 +360,8 @@ SEX_SPECIFIC_COLUMN = {"fr": "x_contenu_sexe_specifique", "en": "x_sex_specific_
 
 # %% ../nbs/0_shared/03_synth.ipynb #b50153c6
 def other_sex_columns(lang: str) -> dict:
-    "Canonical text field -> canonical extra column with its exact other-sex rendering (fields absent here never carry gender)."
+    """Canonical text field -> canonical extra column with its exact other-sex rendering (fields absent here never
+    carry gender)."""
     return dict(OTHER_SEX_COLUMNS[lang])
 
 # %% ../nbs/0_shared/03_synth.ipynb #58f3d02b
@@ -331,7 +369,8 @@ _BLOCK = 1000
 _LANG_ID = {"fr": 1, "en": 2}
 _GROUP_LOAD = {  # loadings of hr, rr, sbp, spo2, temp_c, gcs on sev = max(h, 0)
     "cardio": (14, 2, -8, -1.5, 0.0, 0.0), "resp": (14, 5, 0, -4.5, 0.3, 0.0), "neuro": (6, 1, 15, -0.5, 0.0, -1.2),
-    "digest": (10, 1, -10, -0.5, 0.2, 0.0), "infect": (16, 4, -10, -2.0, 1.3, 0.0), "trauma": (10, 2, -8, -0.5, 0.0, -1.0),
+    "digest": (10, 1, -10, -0.5, 0.2, 0.0), "infect": (16, 4, -10, -2.0, 1.3, 0.0),
+    "trauma": (10, 2, -8, -0.5, 0.0, -1.0),
     "tox": (8, -1.5, -8, -2.0, 0.0, -3.5), "psy": (8, 1, 5, 0.0, 0.0, 0.0), "allergy": (12, 3, -12, -2.0, 0.0, 0.0),
     "metab": (8, 2, 0, 0.0, 0.0, -1.5), "general": (8, 1, -5, -1.0, 0.3, -0.5),
 }
@@ -385,7 +424,8 @@ def _age_by_sex(u: np.ndarray, female: np.ndarray, kn: dict) -> np.ndarray:
 
 # %% ../nbs/0_shared/03_synth.ipynb #a5408622
 def _pick_class(u: np.ndarray, sex: np.ndarray, sexspec: np.ndarray, lang: str, case_mix: float = 0.0) -> np.ndarray:
-    "Complaint class by inverse CDF of the weights allowed for (sex, sex-specific or not), tilted by sex (`class_weights`)."
+    """Complaint class by inverse CDF of the weights allowed for (sex, sex-specific or not), tilted by sex
+    (`class_weights`)."""
     out = np.empty(len(u), dtype=object)
     gen = (CC_CLASSES.group == "genital").to_numpy()
     for sx in ("F", "M"):
@@ -509,7 +549,8 @@ def _note_en(rnd: random.Random, rec: dict) -> str:
     items = rnd.sample(t["pmh_items"], 1 + min(3, int(rec["age"] // 25))) if rnd.random() < 0.85 else []
     if rec["term"]:
         items.insert(rnd.randint(0, len(items)), rec["term"])
-    pmh = _fill(rnd.choice(t["pmh_format"]).replace("{items}", ", ".join(items)), s) if items else rnd.choice(t["pmh_none"])
+    pmh = _fill(rnd.choice(t["pmh_format"]).replace("{items}", ", ".join(items)),
+                s) if items else rnd.choice(t["pmh_none"])
     tail = [pmh]
     if cued and rnd.random() < 0.3:
         pool = t["pmh_cued"] + (t["pmh_cued_old"] if rec["age"] >= 70 else [])
@@ -549,14 +590,16 @@ def _vitals_sentence(rnd: random.Random, lang: str, rec: dict) -> list[str]:
     if not opts:
         return []
     tpl = rnd.choice(opts)
-    return [tpl.format(**{k: (f"{v[k]:.1f}" if k in ("temp", "tempf") else f"{v[k]:.0f}") for k in re.findall(r"\{(\w+)\}", tpl)})]
+    return [tpl.format(**{k: (f"{v[k]:.1f}" if k in ("temp", "tempf") else f"{v[k]:.0f}")
+                          for k in re.findall(r"\{(\w+)\}", tpl)})]
 
 # %% ../nbs/0_shared/03_synth.ipynb #38d6642e
 _ACCENTS = str.maketrans("éèêàâîôûç", "eeeaaiouc")
 
 # %% ../nbs/0_shared/03_synth.ipynb #a46c5ef0
 def _typo(markup: str, rnd: random.Random, lang: str) -> str:
-    "One or two typos in plain words (5+ letters) outside `[[m|f]]` marks and severity phrases; never creates a gendered word, a stem, a phrase."
+    """One or two typos in plain words (5+ letters) outside `[[m|f]]` marks and severity phrases; never creates a
+    gendered word, a stem, a phrase."""
     protected = [m.span() for m in _MARK.finditer(markup)] + [m.span() for m in _PHRASE_RE[lang].finditer(markup)]
     cands = [m for m in re.finditer(r"[A-Za-zÀ-ÖØ-öø-ÿ]{5,}", markup)
              if not any(a < m.end() and m.start() < b for a, b in protected) and m.group().lower() not in _PROTECTED]
@@ -587,7 +630,8 @@ def _typo(markup: str, rnd: random.Random, lang: str) -> str:
 
 # %% ../nbs/0_shared/03_synth.ipynb #59ff7358
 def _draws(lang: str, seed: int, b: int, kn: dict) -> dict:
-    "Block b's random draws (`u`, `z`, the notes' seed) and what they make of each visit: sex, age, complaint, hidden severity h, vital signs, flags."
+    """Block b's random draws (`u`, `z`, the notes' seed) and what they make of each visit: sex, age, complaint, hidden
+    severity h, vital signs, flags."""
     rng = np.random.default_rng([int(seed), _LANG_ID[lang], b])
     B = _BLOCK
     u = rng.random((B, 24))
@@ -615,19 +659,23 @@ def _draws(lang: str, seed: int, b: int, kn: dict) -> dict:
     gcs = np.clip(15 + np.minimum(0, np.round(load[:, 5] * sev - np.abs(0.3 * z[:, 6]))), 3, 15)
     gcs = np.where(cc == "CARD03", 3.0, gcs)
     pain = np.clip(np.round(cls.pain_mean.to_numpy(float) + 1.5 * z[:, 7] + sev), 0, 10)
-    miss_field = np.array(_MISS_FIELDS[lang])[np.minimum((u[:, 8] * len(_MISS_FIELDS[lang])).astype(int), len(_MISS_FIELDS[lang]) - 1)]
+    miss_field = np.array(_MISS_FIELDS[lang])[np.minimum((u[:, 8] * len(_MISS_FIELDS[lang])).astype(int),
+                                                         len(_MISS_FIELDS[lang]) - 1)]
     miss_vital = np.array(_VITALS)[np.minimum((u[:, 20] * len(_VITALS)).astype(int), len(_VITALS) - 1)]
     if lang == "en":  # MIMIC-IV-ED has no GCS
         miss_vital = np.where(miss_vital == "gcs", "pain", miss_vital)
     d.update(sex=sex, age=age, sexspec=sexspec, cc=cc, group=group, h=h, hr=hr, rr=rr, sbp=sbp, dbp=dbp, spo2=spo2,
-             temp=temp, gcs=gcs, pain=pain, term=u[:, 4] < kn["share_appendix_terms"], cued=u[:, 5] >= kn["no_cue_share"],
-             typo=u[:, 6] < kn["typo_rate"], miss=u[:, 7] < kn["share_missing"], miss_field=miss_field, miss_vital=miss_vital)
+             temp=temp, gcs=gcs, pain=pain, term=u[:, 4] < kn["share_appendix_terms"],
+             cued=u[:, 5] >= kn["no_cue_share"],
+             typo=u[:, 6] < kn["typo_rate"], miss=u[:, 7] < kn["share_missing"], miss_field=miss_field,
+             miss_vital=miss_vital)
     return d
 
 
 # %% ../nbs/0_shared/03_synth.ipynb #ccead9dd
 def _arrival(lang: str, u: np.ndarray, kn: dict) -> tuple[np.ndarray, np.ndarray]:
-    "(hour, arrival time to the minute) of each visit: the hour from the ED's day profile, the day uniform over the source's years."
+    """(hour, arrival time to the minute) of each visit: the hour from the ED's day profile, the day uniform over the
+    source's years."""
     hour = np.searchsorted(_HOURS_CDF, u[:, 12], side="right")
     minute = np.floor(u[:, 13] * 60).astype(int)
     if lang == "fr":
@@ -643,7 +691,8 @@ def _arrival(lang: str, u: np.ndarray, kn: dict) -> tuple[np.ndarray, np.ndarray
 
 # %% ../nbs/0_shared/03_synth.ipynb #c1c19726
 def _notes(lang: str, d: dict, size: int) -> tuple[list, list, list]:
-    "(notes in the visit's sex, the same notes in the other sex, free-text complaints) of the first `size` visits of draws `d`."
+    """(notes in the visit's sex, the same notes in the other sex, free-text complaints) of the first `size` visits of
+    draws `d`."""
     t = _T[lang]
     notes, notes_other, cc_free = [], [], []
     sex, cc = d["sex"], d["cc"]
@@ -673,7 +722,8 @@ def _notes(lang: str, d: dict, size: int) -> tuple[list, list, list]:
 
 
 # %% ../nbs/0_shared/03_synth.ipynb #2f7dd3cd
-_CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)), "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
+_CC_LABEL = {"fr": dict(zip(CC_CLASSES.code, CC_CLASSES.label_fr)),
+             "en": dict(zip(CC_CLASSES.code, CC_CLASSES.label_en))}
 
 # %% ../nbs/0_shared/03_synth.ipynb #701ec38d
 def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list, cc_free: list) -> dict:
@@ -704,7 +754,8 @@ def _recorded(lang: str, d: dict, size: int, notes: list, notes_other: list, cc_
 # %% ../nbs/0_shared/03_synth.ipynb #2327efc4
 def _raw_table(lang: str, d: dict, r: dict, size: int, notes: list, notes_other: list, level: np.ndarray,
                hour: np.ndarray, when: np.ndarray) -> pd.DataFrame:
-    "The source's flat table of the first `size` visits (fr: chu-bordeaux, with the nurses' fields; en: MIMIC-IV-ED-like) + truth columns."
+    """The source's flat table of the first `size` visits (fr: chu-bordeaux, with the nurses' fields; en:
+    MIMIC-IV-ED-like) + truth columns."""
     sl, u, m, mf = slice(0, size), d["u"], d["miss"][:size], d["miss_field"][:size]
     idx, vit = d["idx"][sl], r["vit"]
     cue = np.where(d["cued"], d["sex"], None)[sl].astype(object)
@@ -787,21 +838,27 @@ def _generate(lang: str, n_records: int, seed: int, knobs: Mapping) -> tuple[pd.
 # %% ../nbs/0_shared/03_synth.ipynb #6bd9f49e
 def generate_raw(lang: str, n_records: int, seed: int, bias_tab: float | None = None, bias_text: float | None = None,
                  no_cue_share: float | None = None, **other_knobs) -> pd.DataFrame:
-    "One raw flat table of `n_records` synthetic ED visits (`fr`: chu-bordeaux schema, `en`: MIMIC-IV-ED-like) + truth columns."
-    return _generate(lang, n_records, seed, dict(bias_tab=bias_tab, bias_text=bias_text, no_cue_share=no_cue_share, **other_knobs))[0]
+    """One raw flat table of `n_records` synthetic ED visits (`fr`: chu-bordeaux schema, `en`: MIMIC-IV-ED-like) +
+    truth columns."""
+    return _generate(lang, n_records, seed,
+                     dict(bias_tab=bias_tab, bias_text=bias_text, no_cue_share=no_cue_share, **other_knobs))[0]
 
 # %% ../nbs/0_shared/03_synth.ipynb #30bd5526
-def exact_counterfactual_pair(records: pd.DataFrame, lang: str, view: str = "full") -> tuple[pd.DataFrame, pd.DataFrame]:
-    "(x, x') of canonical synthetic `records` in `view` ('full', 'text_iso', 'tab_iso'), x' from the exact other-sex rendering."
+def exact_counterfactual_pair(records: pd.DataFrame, lang: str,
+                              view: str = "full") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(x, x') of canonical synthetic `records` in `view` ('full', 'text_iso', 'tab_iso'), x' from the exact other-sex
+    rendering."""
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     need = ["sex", *OTHER_SEX_COLUMNS[lang].values()]
     missing = [c for c in need if c not in records.columns]
     if missing:
-        raise KeyError(f"exact_counterfactual_pair: records lack {missing} (canonical synth-{lang} records keep them as extras)")
+        raise KeyError(f"exact_counterfactual_pair: records lack {missing} (canonical synth-{lang} records keep them "
+                       "as extras)")
     bad = int((~records["sex"].isin(["F", "M"])).sum())
     if bad:
-        raise ValueError(f"exact_counterfactual_pair: {bad} record(s) without a recorded sex F/M (the cohort removes them)")
+        raise ValueError(f"exact_counterfactual_pair: {bad} record(s) without a recorded sex F/M (the cohort removes "
+                         "them)")
     x, cf = records.copy(), records.copy()
     flipped = records["sex"].map({"F": "M", "M": "F"}).astype(records["sex"].dtype)
     if view in ("full", "text_iso"):

@@ -64,7 +64,8 @@ def _check_labels(labels, levels: Sequence[int], where: str = "labels") -> np.nd
     y = np.asarray([int(v) for v in s], dtype=np.int64)
     bad = sorted(set(np.unique(y).tolist()) - {int(l) for l in levels})
     if bad:
-        raise ValueError(f"{where}: values {bad} ({int(np.isin(y, bad).sum())} records) are not among the levels {list(levels)}")
+        raise ValueError(f"{where}: values {bad} ({int(np.isin(y, bad).sum())} records) are not among the levels "
+                         f"{list(levels)}")
     return y
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #1cfd235d
@@ -99,7 +100,8 @@ def evaluate_predictions(y_true: Sequence[int], y_pred: Sequence[int], levels: S
     levels = [int(l) for l in levels]
     yt, yp = _check_labels(y_true, levels, "y_true"), _check_labels(y_pred, levels, "y_pred")
     if len(yt) != len(yp) or len(yt) == 0:
-        raise ValueError(f"need as many predictions as labels, and at least one: {len(yp)} predictions, {len(yt)} labels")
+        raise ValueError(f"need as many predictions as labels, and at least one: {len(yp)} predictions, {len(yt)} "
+                         "labels")
     p, r, f, _ = precision_recall_fscore_support(yt, yp, labels=levels, average="weighted", zero_division=0)
     return dict(kappa_w=float(cohen_kappa_score(yt, yp, labels=levels, weights="quadratic")), precision=float(p),
                 recall=float(r), f1=float(f), accuracy=float(accuracy_score(yt, yp)), n_test=int(len(yt)),
@@ -123,7 +125,8 @@ def table2_performance(rows: Sequence[Mapping]) -> pd.DataFrame:
                     "parameters": float("nan") if p is None else float(p), "n_train": pd.NA if n is None else int(n)})
     df = pd.DataFrame(out, columns=TABLE2_COLUMNS)
     if df.model.duplicated().any():
-        raise ValueError(f"table2_performance: duplicated model names {sorted(df.model[df.model.duplicated()].unique())}")
+        raise ValueError("table2_performance: duplicated model names "
+                         f"{sorted(df.model[df.model.duplicated()].unique())}")
     df["n_test"] = df["n_test"].astype("int64")
     df["n_train"] = df["n_train"].astype("Int64")
     return df.sort_values("parameters", na_position="first", kind="stable").reset_index(drop=True)
@@ -134,7 +137,8 @@ def figure2_kappa_vs_size(table2: pd.DataFrame, reference: Mapping[str, float] |
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sized = table2[table2.parameters.notna()].sort_values("parameters")
     if len(sized):
-        sns.scatterplot(data=sized, x="parameters", y="kappa_w", s=60, color="tab:blue", ax=ax)  # models of different families: no line
+        sns.scatterplot(data=sized, x="parameters", y="kappa_w", s=60, color="tab:blue",
+                        ax=ax)  # models of different families: no line
         for r in sized.itertuples():
             ax.annotate(r.model, (r.parameters, r.kappa_w), textcoords="offset points", xytext=(5, 5), fontsize=8)
         ax.set_xscale("log")
@@ -195,9 +199,12 @@ def predict_levels(proba: np.ndarray, levels: Sequence[int]) -> np.ndarray:
 def view_predictions(record_ids: Sequence[str], y_true: Sequence[int], view_texts: Mapping[str, Sequence[str]],
                      levels: Sequence[int], proba_of) -> pd.DataFrame:
     """record_id, view, triage_level, p_<level>, pred, margin of every record in every view of `view_texts` (view -> the
-    records' texts, in the order of `record_ids`), from `proba_of(texts)`: an (n, k) array whose columns follow `levels`."""
-    return pd.concat([pd.concat([pd.DataFrame({"record_id": np.asarray(record_ids), "view": v, "triage_level": np.asarray(y_true)}),
-                                 proba_frame(proba_of(view_texts[v]), levels)], axis=1) for v in view_texts], ignore_index=True)
+    records' texts, in the order of `record_ids`), from `proba_of(texts)`: an (n, k) array whose columns follow
+    `levels`."""
+    return pd.concat([pd.concat([pd.DataFrame({"record_id": np.asarray(record_ids), "view": v,
+                                               "triage_level": np.asarray(y_true)}),
+                                 proba_frame(proba_of(view_texts[v]), levels)], axis=1) for v in view_texts],
+                                 ignore_index=True)
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #77ff931d
 def save_sklearn(model, path: str | Path) -> Path:
@@ -257,8 +264,10 @@ def fit_rf_tfidf(texts: Sequence[str], labels: Sequence[int], levels: Sequence[i
                      ("rf", RandomForestClassifier(random_state=seed, n_jobs=n_jobs))])
     if fixed_params is not None:
         best = pipe.set_params(**dict(fixed_params), **_bootstrap_cap(len(texts), max_samples)).fit(texts, y)
-        return best, dict(best_params=dict(fixed_params), best_cv_kappa_w=float("nan"), n_search=0, n_train=int(len(texts)),
-                          cv=0, search_frac=0.0, cv_results=pd.DataFrame(columns=["params", "mean_kappa_w", "std_kappa_w", "rank"]))
+        return best, dict(best_params=dict(fixed_params), best_cv_kappa_w=float("nan"), n_search=0,
+                          n_train=int(len(texts)),
+                          cv=0, search_frac=0.0, cv_results=pd.DataFrame(columns=["params", "mean_kappa_w",
+                                                                                  "std_kappa_w", "rank"]))
     idx = np.arange(len(texts))
     if search_frac < 1:
         n_search = int(round(search_frac * len(idx)))
@@ -313,7 +322,8 @@ def _pooling(path: Path) -> tuple[str, bool]:
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #9b85ec35
 def _pool(h, mask, pooling: str, normalize: bool):
-    "Sentence embeddings from the encoder's last hidden states `h` (batch, tokens, d): the CLS token or the masked mean."
+    """Sentence embeddings from the encoder's last hidden states `h` (batch, tokens, d): the CLS token or the masked
+    mean."""
     import torch
     if pooling == "cls":
         e = h[:, 0]
@@ -449,7 +459,8 @@ def fs_settings(config: Mapping | str | None = None, **over) -> dict:
     if unknown:
         raise KeyError(f"unknown FS settings {unknown}; known: {sorted(FS_PAPER)}")
     if cfg["hidden_size"] % cfg["num_attention_heads"]:
-        raise ValueError(f"hidden_size {cfg['hidden_size']} is not a multiple of num_attention_heads {cfg['num_attention_heads']}")
+        raise ValueError(f"hidden_size {cfg['hidden_size']} is not a multiple of num_attention_heads "
+                         f"{cfg['num_attention_heads']}")
     if cfg["max_length"] > cfg["max_position_embeddings"] - 2:
         raise ValueError(f"max_length {cfg['max_length']} exceeds max_position_embeddings - 2 = "
                          f"{cfg['max_position_embeddings'] - 2} (RoBERTa positions start after the padding index)")
@@ -623,7 +634,8 @@ def finetune_fs(mlm_model, tokenizer, texts: Sequence[str], labels: Sequence[int
             if bad >= s["patience"]:
                 break
     if best_state is None:
-        raise FloatingPointError(f"FS fine-tuning diverged (losses {[h.get('val_loss', h['train_loss']) for h in history]}); "
+        raise FloatingPointError("FS fine-tuning diverged (losses "
+                                 f"{[h.get('val_loss', h['train_loss']) for h in history]}); "
                                  f"lower the learning rate (lr={s['lr']})")
     model.load_state_dict(best_state)
     model.eval()
@@ -664,7 +676,8 @@ def _save_atomic(out: Path, model, tokenizer, extra: Mapping[str, Any] | None = 
 # %% ../../nbs/1_audit/03_baselines.ipynb #7baf9e47
 def _fingerprint(texts, labels, levels, settings, seed) -> dict:
     return dict(settings=dict(settings), levels=[int(l) for l in levels], seed=int(seed),
-                data_sha256=sha256_text(json.dumps([list(map(str, texts)), [int(v) for v in labels]], ensure_ascii=False)))
+                data_sha256=sha256_text(json.dumps([list(map(str, texts)), [int(v) for v in labels]],
+                                                   ensure_ascii=False)))
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #4685091e
 def load_fs(path: str | Path, device: str | None = None) -> FSModel:

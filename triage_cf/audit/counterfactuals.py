@@ -46,13 +46,15 @@ def pairs_schema(text_fields: list[str]) -> pa.DataFrameSchema:
                        name="ft_subsample_within_the_pair_set"),
               pa.Check(lambda d: ~d["mlp_subsample"] | d["in_pairs"] if "mlp_subsample" in d else True,
                        name="mlp_subsample_within_the_pair_set"),
-              pa.Check(lambda d: ~d["ft_subsample"] | d["mlp_subsample"] if {"ft_subsample", "mlp_subsample"} <= set(d) else True,
+              pa.Check(lambda d: ~d["ft_subsample"] | d["mlp_subsample"] if {"ft_subsample", "mlp_subsample"} <= set(d)
+                       else True,
                        name="ft_subsample_within_mlp_subsample")]
     return pa.DataFrameSchema(cols, checks=checks, strict=False, name="pairs")
 
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #65f6dd4e
 def validate_pairs(pairs: pd.DataFrame, text_fields: list[str], source: str = "pairs") -> pd.DataFrame:
-    "Validate a pair table against `pairs_schema(text_fields)`; a ValueError names `source`, the column, check and count."
+    """Validate a pair table against `pairs_schema(text_fields)`; a ValueError names `source`, the column, check and
+    count."""
     return validate_frame(pairs_schema(text_fields), pairs, source, "the pair table")
 
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #c8afbf7a
@@ -77,13 +79,15 @@ def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: s
     if llm_fields:
         if rewriter is None:
             raise ValueError("build_pairs(method='llm') needs rewriter= (triage_cf.audit.rewrite_llm.make_rewriter)")
-        recs = [{f: (None if pd.isna(v) else v) for f, v in zip(llm_fields, row)} for row in test[llm_fields].itertuples(index=False)]
+        recs = [{f: (None if pd.isna(v) else v) for f, v in zip(llm_fields, row)}
+                for row in test[llm_fields].itertuples(index=False)]
         llm_res = rewriter.rewrite_records(recs, out["cf_sex"].tolist())
     for f in text_fields:
         if f in llm_fields:
             res = [r[f] for r in llm_res]
         else:
-            res = counterfactual_texts([None if pd.isna(v) else v for v in test[f]], out["cf_sex"].tolist(), lang, analyser)
+            res = counterfactual_texts([None if pd.isna(v) else v for v in test[f]], out["cf_sex"].tolist(), lang,
+                                       analyser)
         out[f"cf_{f}"] = pd.Series([r.text for r in res], index=test.index, dtype=object)
         for i, r in zip(test.index, res):
             if r.status in ("excluded", "rejected", "unparsed") and status[i] == "ok":
@@ -116,8 +120,10 @@ def pair_views(pairs: pd.DataFrame, view: str, text_fields: list[str]) -> tuple[
     return x.drop(columns=drop), xc.drop(columns=drop)
 
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #3c14a7be
-def pair_subsample(pairs: pd.DataFrame, n: int, seed: int = 0, holding: pd.Series | None = None) -> tuple[pd.Series, str]:
-    "(boolean mask over `pairs`: `holding` plus a seeded draw stratified by level and sex from the other pairs of the set, how)."
+def pair_subsample(pairs: pd.DataFrame, n: int, seed: int = 0,
+                   holding: pd.Series | None = None) -> tuple[pd.Series, str]:
+    """(boolean mask over `pairs`: `holding` plus a seeded draw stratified by level and sex from the other pairs of the
+    set, how)."""
     held = pd.Series(False, index=pairs.index) if holding is None else holding.astype(bool)
     if int(held.sum()) > n:
         raise ValueError(f"the subsample of {n} pairs cannot hold the {int(held.sum())} pairs it must contain")
@@ -127,13 +133,15 @@ def pair_subsample(pairs: pd.DataFrame, n: int, seed: int = 0, holding: pd.Serie
 
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #1a47499e
 def counterfactual_flow(pairs: pd.DataFrame) -> pd.DataFrame:
-    "Counts of test records by rewrite status and original sex (aggregates only; `n_` columns are suppressed below 10 in aggregate-only runs)."
+    """Counts of test records by rewrite status and original sex (aggregates only; `n_` columns are suppressed below 10
+    in aggregate-only runs)."""
     t = pairs.groupby(["status", "sex"], observed=True).size().unstack("sex", fill_value=0)
     t = t.reindex(columns=["F", "M"], fill_value=0)
     t["n_total"] = t.sum(axis=1)
     t = t.reset_index().rename(columns={"F": "n_orig_F", "M": "n_orig_M"})
     return pd.concat([t, pd.DataFrame([{"status": "test records", "n_orig_F": int((pairs.sex == "F").sum()),
-                                        "n_orig_M": int((pairs.sex == "M").sum()), "n_total": len(pairs)}])], ignore_index=True)
+                                        "n_orig_M": int((pairs.sex == "M").sum()), "n_total": len(pairs)}])],
+                                        ignore_index=True)
 
 # %% ../../nbs/1_audit/06_counterfactuals.ipynb #a661d550
 def _changes(orig: list[str], new: list[str]) -> set[tuple]:

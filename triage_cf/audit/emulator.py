@@ -24,10 +24,13 @@ from tqdm.auto import tqdm
 
 from ..core import TEXT_COLUMNS, VIEWS, atomic_write_text, is_missing, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
 from ..llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, accepts_logits_to_keep,
-                           answer_logits, answer_nll, base_model_of, bf16_pays, cache_dir, collate_left, convert_smollm2,
-                           default_model_path, encode_prompts, label_token_ids, merged_for_inference, model_input_device,
+                           answer_logits, answer_nll, base_model_of, bf16_pays, cache_dir, collate_left,
+                           convert_smollm2,
+                           default_model_path, encode_prompts, label_token_ids, merged_for_inference,
+                           model_input_device,
                            tokenizer_pad_id,
-                           load_causal_lm, make_client, smollm2_gguf_path, tiny_causal_lm, tiny_tokenizer, verify_model_dir)
+                           load_causal_lm, make_client, smollm2_gguf_path, tiny_causal_lm, tiny_tokenizer,
+                           verify_model_dir)
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPTS', 'TAB_FIELDS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT', 'ANSWER_CUE', 'LORA_TARGETS',
@@ -55,7 +58,8 @@ def _lang(lang: str) -> str:
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #a3009dc7
 def system_instruction(levels: Sequence[int], lang: str = "en") -> str:
-    "Appendix B.1 system instruction for the triage `levels` (most severe first): French for `lang='fr'`, English otherwise."
+    """Appendix B.1 system instruction for the triage `levels` (most severe first): French for `lang='fr'`, English
+    otherwise."""
     levels = [int(l) for l in levels]
     if len(levels) < 2 or len(set(levels)) != len(levels):
         raise ValueError(f"need at least two distinct triage levels, got {levels}")
@@ -137,7 +141,8 @@ def chat_prompt(tokenizer, system: str, user: str, lang: str = "en") -> str:
     "`system` + `user` in the tokenizer's chat template (with the generation prompt), or a plain layout without one."
     if getattr(tokenizer, "chat_template", None):
         try:
-            return tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
+            return tokenizer.apply_chat_template([{"role": "system", "content": system},
+                                                  {"role": "user", "content": user}],
                                                  tokenize=False, add_generation_prompt=True)
         except Exception as e:  # templates without a system role raise (jinja2 TemplateError from raise_exception)
             try:
@@ -171,7 +176,8 @@ def render_prompts(records: pd.DataFrame, tokenizer, levels: Sequence[int], lang
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #33d6a92f
 LORA_TARGETS = [
-    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # llama, mistral, gemma, qwen, gpt-oss (attn)
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+     "down_proj"),  # llama, mistral, gemma, qwen, gpt-oss (attn)
     ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),                            # phi-3
     ("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),                 # falcon, gpt-neox
     ("c_attn", "c_proj", "c_fc"),                                                   # gpt-2 style
@@ -187,7 +193,8 @@ def lora_target_modules(model) -> list[str]:
         found = [t for t in family if t in names]
         if found:
             return found
-    raise ValueError(f"cannot resolve LoRA target modules for {type(model).__name__}; its linear layers are {sorted(names)}")
+    raise ValueError(f"cannot resolve LoRA target modules for {type(model).__name__}; its linear layers are "
+                     f"{sorted(names)}")
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #9278b9e3
 def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.1, gradient_checkpointing: bool = False):
@@ -211,7 +218,8 @@ def stratified_subsample(df: pd.DataFrame, n: int | None, column: str | Sequence
         return df, f"all {len(df)} records"
     if not isinstance(column, str):          # several columns: their combinations are the strata
         by = list(column)
-        out, how = stratified_subsample(df.assign(_stratum=df[by].astype(str).agg(" x ".join, axis=1)), n, "_stratum", seed)
+        out, how = stratified_subsample(df.assign(_stratum=df[by].astype(str).agg(" x ".join, axis=1)), n, "_stratum",
+                                        seed)
         return out.drop(columns="_stratum"), how.replace("_stratum", " x ".join(by))
     counts = df[column].value_counts()
     rare = counts[counts < 2].index
@@ -221,7 +229,8 @@ def stratified_subsample(df: pd.DataFrame, n: int | None, column: str | Sequence
     if k >= n_strata and len(rest) - k >= n_strata:
         out, _ = train_test_split(rest, train_size=k, random_state=seed, stratify=rest[column])
         how = (f"{n} of {len(df)} records, stratified by {column}" if keep.empty else
-               f"{n} of {len(df)} records: {len(keep)} of {column} value(s) {sorted(str(x) for x in rare)} kept whole (one record "
+               f"{n} of {len(df)} records: {len(keep)} of {column} value(s) {sorted(str(x) for x in rare)} kept whole "
+               "(one record "
                f"each), {k} stratified by {column} from the other values")
         out = out if keep.empty else pd.concat([keep, out])
     else:
@@ -253,7 +262,8 @@ def _unwrap(model):
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #c13cf0d1
 def trainable_state(model) -> dict:
-    return {n: p.detach().to("cpu").contiguous().clone() for n, p in _unwrap(model).named_parameters() if p.requires_grad}
+    return {n: p.detach().to("cpu").contiguous().clone() for n, p in _unwrap(model).named_parameters()
+            if p.requires_grad}
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #716c1970
 def load_trainable(model, state: dict):
@@ -267,7 +277,8 @@ def load_trainable(model, state: dict):
             params[k].copy_(v.to(params[k].device, params[k].dtype))
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #c434a287
-def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, chunk_batches: int = 32) -> list[np.ndarray]:
+def epoch_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int,
+                  chunk_batches: int = 32) -> list[np.ndarray]:
     "Shuffled batches of similar-length sequences; a function of (seed, epoch) only."
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
@@ -336,7 +347,8 @@ def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) 
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
     save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}, tmp / "trainer_state.pt")
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                tmp / "trainer_state.pt")
     write_json(tmp / "state.json", dict(epoch=epoch, **state))
     shutil.rmtree(ck_root / name, ignore_errors=True)
     os.replace(tmp, ck_root / name)
@@ -346,7 +358,8 @@ def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) 
 def _train_epoch(model, opt, sched, seqs, pos, label_ids, pad_id, batch_size, grad_accum, seed, epoch, progress,
                  accelerator, step_losses) -> dict:
     """One epoch over the global batches of `epoch_batches(seed, epoch)`. Under `accelerate` with $P$ processes, process
-    $r$ takes the rows $r, r+P, \\dots$ of every global batch $B$ and back-propagates $\\frac{P}{|B|}\\sum_{i\\in B_r}\\ell_i$; DDP
+    $r$ takes the rows $r, r+P, \\dots$ of every global batch $B$ and back-propagates
+    $\\frac{P}{|B|}\\sum_{i\\in B_r}\\ell_i$; DDP
     averages the gradients over the processes, so every step is the single-process step on the same global batch."""
     import torch
     model.train()
@@ -380,7 +393,8 @@ def _train_epoch(model, opt, sched, seqs, pos, label_ids, pad_id, batch_size, gr
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #93940e5b
 def _restore(ck: Path, model, opt, sched) -> tuple[list[dict], int, int, float, int, bool]:
-    "Load checkpoint `ck` into `model`, `opt`, `sched` and the RNGs: (history, next epoch, best epoch, best score, epochs without gain, finished)."
+    """Load checkpoint `ck` into `model`, `opt`, `sched` and the RNGs: (history, next epoch, best epoch, best score,
+    epochs without gain, finished)."""
     import torch
     from safetensors.torch import load_file
     state = json.loads((ck / "state.json").read_text())
@@ -395,8 +409,10 @@ def _restore(ck: Path, model, opt, sched) -> tuple[list[dict], int, int, float, 
 
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #fa806543
-def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int], out_dir: str | Path,
-                   epochs: int = 5, batch_size: int = 8, grad_accum: int = 1, lr: float = 2e-4, weight_decay: float = 0.0,
+def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int],
+                   out_dir: str | Path,
+                   epochs: int = 5, batch_size: int = 8, grad_accum: int = 1, lr: float = 2e-4,
+                   weight_decay: float = 0.0,
                    warmup_frac: float = 0.03, val_frac: float = 0.1, patience: int = 1, min_delta: float = 1e-3,
                    lora: bool = True, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.1,
                    gradient_checkpointing: bool = False, max_length: int | None = None, seed: int = 42,
@@ -450,8 +466,10 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
             break
         rec = _train_epoch(model, opt, sched, tr_seqs, tr_pos, label_ids, pad_id, batch_size, grad_accum, seed, epoch,
                            progress and main, accelerator, step_losses)
-        val_loss, val_acc = _evaluate(model, va_seqs, va_pos, label_ids, pad_id, batch_size) if va_seqs else (float("nan"), float("nan"))
-        rec = dict(epoch=epoch, train_loss=rec["train_loss"], val_loss=val_loss, val_acc=val_acc, seconds=rec["seconds"],
+        val_loss, val_acc = _evaluate(model, va_seqs, va_pos, label_ids, pad_id,
+                                      batch_size) if va_seqs else (float("nan"), float("nan"))
+        rec = dict(epoch=epoch, train_loss=rec["train_loss"], val_loss=val_loss, val_acc=val_acc,
+                   seconds=rec["seconds"],
                    train_tokens=rec["train_tokens"], tokens_per_s=rec["tokens_per_s"])
         assert tuple(rec) == HISTORY_KEYS
         history.append(rec)
@@ -462,8 +480,10 @@ def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[in
             bad_epochs += 1
         finished = bad_epochs >= patience or epoch == epochs
         if main:   # checkpoints are written by the main process only (they resume under any process count)
-            _save_checkpoint(ck_root, epoch, model, opt, sched, dict(history=history, best_epoch=best_epoch, best_val=best_val,
-                                                                   bad_epochs=bad_epochs, finished=finished, config=config))
+            _save_checkpoint(ck_root, epoch, model, opt, sched,
+                             dict(history=history, best_epoch=best_epoch, best_val=best_val,
+                                                                   bad_epochs=bad_epochs, finished=finished,
+                                                                   config=config))
         if accelerator is not None:
             accelerator.wait_for_everyone()
         if callback is not None:
@@ -496,8 +516,10 @@ def save_emulator(model, tokenizer, out_dir: str | Path, levels: Sequence[int], 
     is_peft = hasattr(model, "peft_config")
     model.save_pretrained(tmp / ("adapter" if is_peft else "model"), safe_serialization=True)
     tokenizer.save_pretrained(tmp / "tokenizer")
-    write_json(tmp / "emulator.json", dict(levels=[int(l) for l in levels], label_token_ids=label_token_ids(tokenizer, levels),
-                                           kind="lora" if is_peft else "full", base_model=str(base_model) if base_model else None,
+    write_json(tmp / "emulator.json",
+               dict(levels=[int(l) for l in levels], label_token_ids=label_token_ids(tokenizer, levels),
+                                           kind="lora" if is_peft else "full", base_model=str(base_model) if base_model
+                                           else None,
                                            base_sha256=weights_sha256(base_model) if base_model else None,
                                            weights_sha256=weights_sha256(tmp / ("adapter" if is_peft else "model")),
                                            **(extra or {})))
@@ -507,7 +529,8 @@ def save_emulator(model, tokenizer, out_dir: str | Path, levels: Sequence[int], 
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #203ccc7a
 def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_kw):
-    "(model, tokenizer, meta) of a saved emulator; `base_model` (a folder or a model object) overrides the recorded one."
+    """(model, tokenizer, meta) of a saved emulator; `base_model` (a folder or a model object) overrides the recorded
+    one."""
     from peft import PeftModel
     path = Path(path)
     meta = json.loads((path / "emulator.json").read_text())
@@ -533,7 +556,8 @@ def load_emulator(path: str | Path, base_model=None, merge: bool = True, **load_
 # %% ../../nbs/1_audit/02_emulator.ipynb #7b3e9d51
 @dataclass(frozen=True)
 class FineTuneSettings:
-    "The stage's `ft_*` parameters that shape a fine-tune (model, epochs, batch size, learning rate, prompt cap, early-stopping patience, dtype, QLoRA, processes)."
+    """The stage's `ft_*` parameters that shape a fine-tune (model, epochs, batch size, learning rate, prompt cap,
+    early-stopping patience, dtype, QLoRA, processes)."""
     model: str = "tiny-llama"
     epochs: int = 2
     batch_size: int = 8
@@ -561,11 +585,14 @@ def fine_tune(train: pd.DataFrame, name: str, settings: FineTuneSettings, levels
         base = dtype = None
     else:
         base = default_model_path() if s.model == "smollm2" else Path(s.model)
-        dtype = ("bfloat16" if bf16_pays("cuda" if torch.cuda.is_available() else "cpu") else None) if s.dtype == "auto" else s.dtype
-        model, tokenizer = load_causal_lm(base, dtype=dtype, device="cuda" if torch.cuda.is_available() and not s.qlora else None,
+        dtype = ("bfloat16" if bf16_pays("cuda" if torch.cuda.is_available() else "cpu")
+                 else None) if s.dtype == "auto" else s.dtype
+        model, tokenizer = load_causal_lm(base, dtype=dtype, device="cuda" if torch.cuda.is_available() and not s.qlora
+                                          else None,
                                           load_in_4bit=s.qlora)
     prompts = render_prompts(train, tokenizer, levels, lang, "full", fields=fields, text_fields=text_fields)
-    key = [str(s.model), s.epochs, s.batch_size, s.lr, s.max_length, s.patience, train_seed, str(s.dtype), train["record_id"].tolist()]
+    key = [str(s.model), s.epochs, s.batch_size, s.lr, s.max_length, s.patience, train_seed, str(s.dtype),
+           train["record_id"].tolist()]
     if name != "ft":   # a null twin trains on the same record ids with other contents: its own checkpoints
         key.append(sha256_text(json.dumps([name, prompts])))
     work = models_dir / "ft_work" / sha256_text(json.dumps(key))[:16]
@@ -582,12 +609,15 @@ def fine_tune(train: pd.DataFrame, name: str, settings: FineTuneSettings, levels
             model.save_pretrained(base_dir); tokenizer.save_pretrained(base_dir)
         (work / "launch").mkdir(parents=True, exist_ok=True)
         (work / "launch" / "prompts.json").write_text(json.dumps(prompts))
-        out = launch(dict(base=str(base_dir), prompts=str(work / "launch" / "prompts.json"), dtype=dtype if base is not None else None,
-                          labels=labels, levels=levels, out_dir=str(work), train=train_kw), work / "launch", s.num_processes)
+        out = launch(dict(base=str(base_dir), prompts=str(work / "launch" / "prompts.json"), dtype=dtype
+                          if base is not None else None,
+                          labels=labels, levels=levels, out_dir=str(work), train=train_kw), work / "launch",
+                          s.num_processes)
         if base is not None:
             model = add_lora(model)
         load_trainable(model, load_file(out["weights"]))
-        result = TrainResult(model.eval(), out["history"], out["best_epoch"], out["stopped_early"], work, out["n_truncated"],
+        result = TrainResult(model.eval(), out["history"], out["best_epoch"], out["stopped_early"], work,
+                             out["n_truncated"],
                              out["step_losses"])
         print(f"fine-tuned in {s.num_processes} processes (accelerate, DDP)")
     else:
@@ -595,13 +625,15 @@ def fine_tune(train: pd.DataFrame, name: str, settings: FineTuneSettings, levels
     save_emulator(result.model, tokenizer, models_dir / name, levels, base_model=base,
                   extra={"ft_model": str(s.model), "n_train": len(train), "best_epoch": result.best_epoch,
                          "n_parameters": int(sum(p.numel() for p in result.model.parameters())),
-                         "n_trainable_parameters": int(sum(p.numel() for p in result.model.parameters() if p.requires_grad))})
+                         "n_trainable_parameters": int(sum(p.numel() for p in result.model.parameters()
+                                                           if p.requires_grad))})
     return result, tokenizer, work
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #d6ae5ae4
 def _check_served(client, merged: Path) -> None:
     "Refuse a server that does not answer, or does not serve `client.model`, saying how to serve the merged emulator."
-    how = (f"serve the merged emulator exported at {merged} under that name (e.g. `vllm serve {merged} --max-logprobs 20`) "
+    how = (f"serve the merged emulator exported at {merged} under that name (e.g. `vllm serve {merged} --max-logprobs "
+           "20`) "
            "and run the stage again: the fine-tune is checkpointed, so the stage goes straight to scoring")
     try:
         ids = client.served_models()
@@ -629,7 +661,8 @@ def export_merged(emulator_dir: str | Path, dest: str | Path, **load_kw) -> Path
     return dest
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #7498c7cc
-def emulator_client(emulator_dir: str | Path, levels: Sequence[int], backend: str = "vllm", merged_dir: str | Path | None = None,
+def emulator_client(emulator_dir: str | Path, levels: Sequence[int], backend: str = "vllm",
+                    merged_dir: str | Path | None = None,
                     served_model: str | None = None, **client_kw):
     """An LLM-layer client that gives the saved emulator's label distributions on `backend`: `vllm` (the merged model in
     process; `tensor_parallel_size=`, `data_parallel_size=` through `client_kw`) or `openai` (a server, e.g.
@@ -645,7 +678,8 @@ def emulator_client(emulator_dir: str | Path, levels: Sequence[int], backend: st
 # %% ../../nbs/1_audit/02_emulator.ipynb #9f9e4c9d
 def predict_proba(backend, prompts: Sequence[str], ids: Sequence[str] | None = None, out_dir: str | Path | None = None,
                   chunk_size: int = 1024, progress: bool = False) -> np.ndarray:
-    "Probability vector over the backend's levels for every prompt (n, k); chunked, atomic and resumable with `out_dir`."
+    """Probability vector over the backend's levels for every prompt (n, k); chunked, atomic and resumable with
+    `out_dir`."""
     prompts = list(prompts)
     ids = [str(i) for i in (ids if ids is not None else range(len(prompts)))]
     if len(ids) != len(prompts):
@@ -691,7 +725,8 @@ def proba_frame(probs: np.ndarray, levels: Sequence[int]) -> pd.DataFrame:
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #8c60a58c
 def predict_views(backend, tokenizer, records: pd.DataFrame, levels: Sequence[int], lang: str = "en",
-                  views: Sequence[str] = VIEWS, fields: Sequence[str] | None = None, text_fields: Sequence[str] | None = None,
+                  views: Sequence[str] = VIEWS, fields: Sequence[str] | None = None,
+                  text_fields: Sequence[str] | None = None,
                   out_dir: str | Path | None = None, chunk_size: int = 1024, progress: bool = False) -> pd.DataFrame:
     "One row per record and view: record_id, view, p_<level>..., pred, margin (durable per view with `out_dir`)."
     if list(backend.levels) != [int(l) for l in levels]:
@@ -699,15 +734,18 @@ def predict_views(backend, tokenizer, records: pd.DataFrame, levels: Sequence[in
     frames = []
     for v in views:
         prompts = render_prompts(records, tokenizer, levels, lang, v, fields, text_fields)
-        p = predict_proba(backend, prompts, records["record_id"].tolist(), None if out_dir is None else Path(out_dir) / v,
+        p = predict_proba(backend, prompts, records["record_id"].tolist(), None if out_dir is None
+                          else Path(out_dir) / v,
                           chunk_size, progress)
         frames.append(pd.concat([pd.DataFrame({"record_id": records["record_id"].to_numpy(), "view": v}),
                                  proba_frame(p, levels)], axis=1))
     return pd.concat(frames, ignore_index=True)
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #b1938d87
-def reference_predict(model, tokenizer, prompts: Sequence[str], levels: Sequence[int], batch_size: int = 1) -> list[int | None]:
-    "Paper-style predictions: pipeline('text-generation', max_new_tokens=2), integer parsed from the text (None if none)."
+def reference_predict(model, tokenizer, prompts: Sequence[str], levels: Sequence[int],
+                      batch_size: int = 1) -> list[int | None]:
+    """Paper-style predictions: pipeline('text-generation', max_new_tokens=2), integer parsed from the text (None if
+    none)."""
     from transformers import pipeline
     model = merged_for_inference(model)
     old_pad = tokenizer.pad_token

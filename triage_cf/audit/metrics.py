@@ -137,7 +137,8 @@ def pair_sums(is_male: np.ndarray, diff: np.ndarray) -> np.ndarray:
     "Per-pair (or per-category) contributions to the seven sums; `diff` = y' - y. Shape (n, 7)."
     m, f = is_male.astype(np.float64), 1.0 - is_male.astype(np.float64)
     up, down = (diff > 0).astype(np.float64), (diff < 0).astype(np.float64)
-    return np.stack([m, f, up * m, down * m, up * f, down * f, np.where(is_male, diff, -diff).astype(np.float64)], axis=-1)
+    return np.stack([m, f, up * m, down * m, up * f, down * f, np.where(is_male, diff, -diff).astype(np.float64)],
+                    axis=-1)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #37c0e0f5
 def metrics_from_sums(S: np.ndarray) -> np.ndarray:
@@ -173,7 +174,8 @@ def _resampled_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #ec0e6e23
 def _cluster_sums(is_male: np.ndarray, diffs: np.ndarray, n_boot: int, rng: np.random.Generator, clusters):
-    "`_resampled_sums` resampling clusters: each patient's pairs summed, patients drawn with replacement (chunks of 100)."
+    """`_resampled_sums` resampling clusters: each patient's pairs summed, patients drawn with replacement (chunks of
+    100)."""
     codes, uniq = pd.factorize(np.asarray(clusters, dtype=object))
     P = len(uniq)
     Fc = np.zeros((diffs.shape[1], P, 7))
@@ -233,13 +235,15 @@ def _metric_rows(theta, lo, hi, n_left, undefined, n_by_dir, n_boot, n_total) ->
         if missing:
             notes += [f"no {d} pairs (no {'male' if d == 'M_to_F' else 'female'} original): undefined" for d in missing]
         elif n_left[j]:
-            notes.append(f"{int(n_left[j])} of {n_boot} resamples had no pair of a needed direction and were left out of the CI")
+            notes.append(f"{int(n_left[j])} of {n_boot} resamples had no pair of a needed direction and were left out "
+                         "of the CI")
         if undefined[j] and not missing:
             notes.append("BCa interval undefined: every resample falls on one side of the estimate")
         note = "; ".join(notes)
         needs = METRIC_NEEDS[name]
         n = n_by_dir[needs[0]] if len(needs) == 1 else n_total
-        rows.append({"metric": name, "estimate": theta[j], "ci_low": lo[j], "ci_high": hi[j], "n_pairs": int(n), "remark": note})
+        rows.append({"metric": name, "estimate": theta[j], "ci_low": lo[j], "ci_high": hi[j], "n_pairs": int(n),
+                     "remark": note})
     return pd.DataFrame(rows)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #64a325ac
@@ -380,7 +384,8 @@ def format_table3(t3: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     return w.reindex([m for m in METRICS if m in w.index])
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #487267db
-def kappa_w_ci(y_true, y_pred, levels, n_boot: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float, float]:
+def kappa_w_ci(y_true, y_pred, levels, n_boot: int = 1000, seed: int = 0,
+               confidence: float = 0.95) -> tuple[float, float, float]:
     "Quadratic weighted $\\kappa_w$ on test records with a percentile bootstrap CI (records resampled): (kappa, low, high)."
     y, p = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
     if len(y) != len(p) or len(y) == 0:
@@ -413,7 +418,8 @@ def fitness_verdict(kappa: float, ci_low: float, ci_high: float, best_baseline: 
     return True, f"{k}: above the floor {kappa_floor:g}{vs}"
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #c1e8232d
-#: The non-LLM models of Table 2 that a model's fitness is compared with, and the reference (the truth, not an emulator).
+#: The non-LLM models of Table 2 that a model's fitness is compared with, and the reference (the truth, not an
+#: emulator).
 BASELINE_MODELS = ("FS", "RF", "MLP")
 REFERENCE_MODELS = ("oracle",)
 FITNESS_COLUMNS = ["model", "kappa_w", "ci_low", "ci_high", "n_test", "best_baseline", "best_baseline_kappa",
@@ -427,7 +433,8 @@ def fitness_table(test_predictions: Mapping[str, pd.DataFrame], levels, n_boot: 
     kap = {}
     for m, df in test_predictions.items():
         full = df[df["view"] == "full"] if "view" in df else df
-        kap[m] = (*kappa_w_ci(full["triage_level"], full["pred"], levels, n_boot, seed=group_rng(seed, "fitness", m)), len(full))
+        kap[m] = (*kappa_w_ci(full["triage_level"], full["pred"], levels, n_boot, seed=group_rng(seed, "fitness", m)),
+                  len(full))
     rows = []
     for m, (k, lo, hi, n) in kap.items():
         others = {b: kap[b][0] for b in BASELINE_MODELS if b in kap and b != m}
@@ -456,15 +463,18 @@ def discordance_by_level(pairs: pd.DataFrame) -> pd.DataFrame:
     if "true_level" not in p.columns:
         raise ValueError("discordance_by_level: the pair table has no 'true_level' column")
     p = p.assign(gt=p.pred_cf > p.pred_orig, lt=p.pred_cf < p.pred_orig)
-    g = p.groupby(["model", "condition", "true_level", "orig_sex"], sort=False).agg(n=("gt", "size"), gt=("gt", "mean"), lt=("lt", "mean"))
+    g = p.groupby(["model", "condition", "true_level", "orig_sex"],
+                  sort=False).agg(n=("gt", "size"), gt=("gt", "mean"), lt=("lt", "mean"))
     w = g.unstack("orig_sex")
     rows = []
     for (model, cond, lvl), r in w.iterrows():
         get = lambda k, s: r.get((k, s), np.nan)
         nM, nF = get("n", "M"), get("n", "F")
         rows.append({"model": model, "condition": cond, "true_level": int(lvl),
-                     "n_M": int(0 if pd.isna(nM) else nM), "p_cf_gt_orig_M": get("gt", "M"), "p_cf_lt_orig_M": get("lt", "M"),
-                     "n_F": int(0 if pd.isna(nF) else nF), "p_cf_gt_orig_F": get("gt", "F"), "p_cf_lt_orig_F": get("lt", "F")})
+                     "n_M": int(0 if pd.isna(nM) else nM), "p_cf_gt_orig_M": get("gt", "M"),
+                     "p_cf_lt_orig_M": get("lt", "M"),
+                     "n_F": int(0 if pd.isna(nF) else nF), "p_cf_gt_orig_F": get("gt", "F"),
+                     "p_cf_lt_orig_F": get("lt", "F")})
     t = pd.DataFrame(rows)
     t["delta_gt_M_minus_F"] = t.p_cf_gt_orig_M - t.p_cf_gt_orig_F
     t["delta_lt_M_minus_F"] = t.p_cf_lt_orig_M - t.p_cf_lt_orig_F
@@ -494,16 +504,19 @@ TABLE7_COUNTS = ["cf_lt_orig_M", "cf_ge_orig_M", "cf_lt_orig_F", "cf_ge_orig_F"]
 def or_table_from_counts(counts: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     "Add OR, ci_low, ci_high, p_value to a frame holding the four count columns of `TABLE7_COUNTS` (one row per level)."
     res = [odds_ratio_2x2(*(int(r[c]) for c in TABLE7_COUNTS), confidence=confidence) for _, r in counts.iterrows()]
-    return pd.concat([counts.reset_index(drop=True), pd.DataFrame(res, columns=["OR", "ci_low", "ci_high", "p_value"])], axis=1)
+    return pd.concat([counts.reset_index(drop=True), pd.DataFrame(res, columns=["OR", "ci_low", "ci_high", "p_value"])],
+                     axis=1)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #6a3ffe1f
 def or_by_level(pairs: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    "Table 7: per model, condition and true level, the counts of `cf < orig` / `cf >= orig` by original sex and the OR (M/F)."
+    """Table 7: per model, condition and true level, the counts of `cf < orig` / `cf >= orig` by original sex and the
+    OR (M/F)."""
     p = validate_prediction_pairs(pairs)
     if "true_level" not in p.columns:
         raise ValueError("or_by_level: the pair table has no 'true_level' column")
     p = p.assign(lt=(p.pred_cf < p.pred_orig).astype(int))
-    g = p.groupby(["model", "condition", "true_level", "orig_sex"], sort=False).lt.agg(["sum", "size"]).unstack("orig_sex", fill_value=0)
+    g = p.groupby(["model", "condition", "true_level", "orig_sex"],
+                  sort=False).lt.agg(["sum", "size"]).unstack("orig_sex", fill_value=0)
     rows = []
     for (model, cond, lvl), r in g.iterrows():
         lt_m, n_m = int(r.get(("sum", "M"), 0)), int(r.get(("size", "M"), 0))
@@ -539,7 +552,8 @@ def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition
     a, b = sets[ft_model], sets[fs_model].loc[sets[ft_model].index]
     is_male = (a.orig_sex == "M").to_numpy()
     diffs = np.column_stack([(a.pred_cf - a.pred_orig).to_numpy(), (b.pred_cf - b.pred_orig).to_numpy()])
-    obs, boot, jack, counts = _resampled_sums(is_male, diffs, n_boot, group_rng(seed, "pretraining", ft_model, fs_model, condition))
+    obs, boot, jack, counts = _resampled_sums(is_male, diffs, n_boot,
+                                              group_rng(seed, "pretraining", ft_model, fs_model, condition))
     th, bt, jk = metrics_from_sums(obs), metrics_from_sums(boot), metrics_from_sums(jack)   # (2, M), (2, B, M), (2, K, M)
     n_by_dir = {"M_to_F": int(is_male.sum()), "F_to_M": int((~is_male).sum())}
     parts = []
@@ -563,7 +577,8 @@ NULL_COLUMNS = ["null_estimate", "null_ci_low", "null_ci_high", "diff_ci_low", "
 # %% ../../nbs/1_audit/08_metrics.ipynb #921966aa
 def exceeds_null(estimate: float, ci_low: float, ci_high: float, null_estimate: float, diff_ci_low: float,
                  diff_ci_high: float):
-    "True when the estimate's CI and the CI of estimate − null both exclude 0 and the difference has the estimate's sign."
+    """True when the estimate's CI and the CI of estimate − null both exclude 0 and the difference has the estimate's
+    sign."""
     if not np.isfinite([estimate, ci_low, ci_high, null_estimate, diff_ci_low, diff_ci_high]).all():
         return pd.NA
     own = ci_low > 0 or ci_high < 0
@@ -573,15 +588,18 @@ def exceeds_null(estimate: float, ci_low: float, ci_high: float, null_estimate: 
 # %% ../../nbs/1_audit/08_metrics.ipynb #4b3481e5
 def null_comparison(pairs: pd.DataFrame, model: str, null_model: str, n_boot: int = 1000, seed: int = 0,
                     ci_method: str = "percentile", confidence: float = 0.95) -> pd.DataFrame:
-    "Per condition and metric: the null twin's estimate and CI, the CI of model − null (joint resamples), `exceeds_null`."
+    """Per condition and metric: the null twin's estimate and CI, the CI of model − null (joint resamples),
+    `exceeds_null`."""
     rows = []
     for cond in _ordered(pairs.loc[pairs.model == model, "condition"], VIEWS):
-        c = paired_comparison(pairs, model, null_model, cond, n_boot, seed, ci_method, confidence).set_index(["model", "metric"])
+        c = paired_comparison(pairs, model, null_model, cond, n_boot, seed, ci_method,
+                              confidence).set_index(["model", "metric"])
         for m in METRICS:
             a, b, d = c.loc[(model, m)], c.loc[(null_model, m)], c.loc[(f"{model}-{null_model}", m)]
             rows.append(dict(model=model, condition=cond, metric=m, null_estimate=b.estimate, null_ci_low=b.ci_low,
                              null_ci_high=b.ci_high, diff_ci_low=d.ci_low, diff_ci_high=d.ci_high,
-                             exceeds_null=exceeds_null(a.estimate, a.ci_low, a.ci_high, b.estimate, d.ci_low, d.ci_high)))
+                             exceeds_null=exceeds_null(a.estimate, a.ci_low, a.ci_high, b.estimate, d.ci_low,
+                                                       d.ci_high)))
     return pd.DataFrame(rows)
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #b6989871
@@ -589,7 +607,8 @@ def add_null_columns(t3: pd.DataFrame, comparisons: Iterable[pd.DataFrame]) -> p
     "`t3` with the `NULL_COLUMNS` of `null_comparison` results (empty for models without a null twin)."
     comps = [c for c in comparisons if len(c)]
     if not comps:
-        return t3.assign(**{c: np.nan for c in NULL_COLUMNS[:-1]}, exceeds_null=pd.array([pd.NA] * len(t3), dtype="boolean"))
+        return t3.assign(**{c: np.nan for c in NULL_COLUMNS[:-1]},
+                         exceeds_null=pd.array([pd.NA] * len(t3), dtype="boolean"))
     nc = pd.concat(comps, ignore_index=True)
     out = t3.merge(nc, on=["model", "condition", "metric"], how="left", validate="one_to_one")
     out["exceeds_null"] = out["exceeds_null"].astype("boolean")
@@ -670,7 +689,8 @@ def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, p
               method: str = "t") -> dict:
     """Test one metric of an emulator against the same metric of $K$ null emulators (trained by the same procedure on
     sex-permuted records, scoring the same pairs). `real`: the estimates of $R \\geq 1$ trainings. Under no bias the
-    real trainings are exchangeable with the null ones, so $t = (\\bar\\theta - \\bar\\theta_0) / (s_0\\sqrt{1/R + 1/K})$
+    real trainings are exchangeable with the null ones, so
+    $t = (\\bar\\theta - \\bar\\theta_0) / (s_0\\sqrt{1/R + 1/K})$
     follows Student's t with $K-1$ df (a prediction-interval test); `p_perm` is the exact rank p-value (R = 1).
     `method="auto"`: the rank p-value decides (`p`, and its `rank_mde`) where `rank_decides` says it can (R = 1)."""
     real = np.asarray(real, dtype=float); real = real[np.isfinite(real)]
@@ -704,7 +724,8 @@ def null_test(real, null, alternative: str = "two-sided", alpha: float = 0.05, p
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #ab9fdc94
 def training_ci(real, se_pairs, null_sd: float, confidence: float = 0.95) -> tuple[float, float]:
-    """CI of the mean of $R$ trainings that holds training noise and pair sampling: $\\bar\\theta \\pm z\\sqrt{\\overline{
+    """CI of the mean of $R$ trainings that holds training noise and pair sampling: $\\bar\\theta \\pm
+    z\\sqrt{\\overline{
     se^2} + s_{train}^2/R}$, with $s_{train}$ the trainings' spread for $R \\ge 2$ and the null emulators' spread for
     $R = 1$ (one training cannot show its own noise; the null emulators are the same procedure on other records)."""
     real = np.asarray(real, dtype=float); se = np.asarray(se_pairs, dtype=float)
@@ -723,7 +744,8 @@ def _set_estimates(g: pd.DataFrame, n_boot: int, rng: np.random.Generator) -> tu
     "Point metrics (`METRICS` order) of one pair set and their bootstrap standard errors over pairs."
     is_male = (g.orig_sex == "M").to_numpy()
     diff = (g.pred_cf.to_numpy(np.int64) - g.pred_orig.to_numpy(np.int64))[:, None]
-    obs, boot, _, _ = _resampled_sums(is_male, diff, n_boot, rng, g.cluster_id.to_numpy() if "cluster_id" in g else None)
+    obs, boot, _, _ = _resampled_sums(is_male, diff, n_boot, rng, g.cluster_id.to_numpy() if "cluster_id" in g
+                                      else None)
     b = metrics_from_sums(boot[0])
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -738,7 +760,8 @@ def _replicates(df: pd.DataFrame, col: str, source: str) -> dict[str, pd.DataFra
     ids = df[col].astype("string").str.strip()
     if (ids.isna() | (ids == "")).any():
         raise ValueError(f"{source}: column {col!r} has {int((ids.isna() | (ids == '')).sum())} empty value(s)")
-    return {k: validate_prediction_pairs(g.drop(columns=col), f"{source} ({col} {k})") for k, g in df.groupby(ids, sort=True)}
+    return {k: validate_prediction_pairs(g.drop(columns=col), f"{source} ({col} {k})")
+            for k, g in df.groupby(ids, sort=True)}
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #ed84ae01
 def _expected_estimate(g: pd.DataFrame) -> dict:
@@ -746,7 +769,8 @@ def _expected_estimate(g: pd.DataFrame) -> dict:
     if not {"exp_orig", "exp_cf"} <= set(g.columns):
         return {}
     d = np.where(g.orig_sex.to_numpy() == "M", g.exp_cf - g.exp_orig, g.exp_orig - g.exp_cf)
-    return {"NMDF_expected": float(d.mean()), "se_NMDF_expected": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else np.nan}
+    return {"NMDF_expected": float(d.mean()), "se_NMDF_expected": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1
+            else np.nan}
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #e572ade0
 def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) -> tuple[list, list]:
@@ -758,7 +782,8 @@ def _null_metrics(real: dict, nulls: dict, n_boot: int, seed: int, source: str) 
                 if kind == "null":
                     ref = keys.get((model, cond))
                     if ref is None:
-                        raise ValueError(f"{source}: null emulator {sid!r} scores model {model!r} / condition {cond!r}, "
+                        raise ValueError(f"{source}: null emulator {sid!r} scores model {model!r} / condition "
+                                         f"{cond!r}, "
                                          "which no real training scores")
                     miss = len(ref ^ set(g.pair_id))
                     if miss:
@@ -795,7 +820,8 @@ def _decide(t: pd.DataFrame, alpha: float) -> pd.DataFrame:
 EXPECTED_METRICS = ("NMDF_expected",)
 
 PERMUTATION_COLUMNS = ["model", "condition", "metric", "check", "estimate", "ci_low", "ci_high", "n_pairs", "n_real",
-                       "n_null", "null_median", "null_q025", "null_q975", "null_sd", "effect", "p", "p_perm", "p_method",
+                       "n_null", "null_median", "null_q025", "null_q975", "null_sd", "effect", "p", "p_perm",
+                       "p_method",
                        "q", "significant", "fit_for_audit", "finding", "mde", "remark"]
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #e05af226
@@ -806,7 +832,8 @@ def permutation_test(pairs: pd.DataFrame, null_pairs: pd.DataFrame, fitness: pd.
     (a `replicate` column for R > 1 trainings), `null_pairs` of its null emulators (a `null_id` column; `model` names
     the real model each belongs to). `fitness` (`fitness_table`) adds `fit_for_audit` and the `finding` flag."""
     est = pd.DataFrame(_null_metrics(_replicates(pairs, "replicate", source),
-                                     _replicates(null_pairs, "null_id", f"{source} (null emulators)"), n_boot, seed, source))
+                                     _replicates(null_pairs, "null_id", f"{source} (null emulators)"), n_boot, seed,
+                                     source))
     fit = {} if fitness is None else dict(zip(fitness.model, fitness.fit_for_audit))
     rows = []
     for (model, cond), g in est.groupby(["model", "condition"], sort=False):
@@ -866,7 +893,8 @@ def add_level_tests(table: pd.DataFrame, null_table: pd.DataFrame | None, values
     keys = ["model", "condition", "true_level"]
     out = table.reset_index(drop=True).copy()
     fit = {} if fitness is None else dict(zip(fitness.model, fitness.fit_for_audit))
-    groups = {} if null_table is None or not len(null_table) else {k: g for k, g in null_table.groupby(keys, sort=False)}
+    groups = {} if null_table is None or not len(null_table) else {k: g
+        for k, g in null_table.groupby(keys, sort=False)}
     ps = []
     for v in values:
         log = v == "OR"
@@ -945,7 +973,8 @@ def _impact_reportable(r, lo: float, hi: float) -> tuple[bool, str]:
     if not bool(finding):
         mde_ = float(r.get("mde", np.nan))
         return False, (f"no finding (p = {float(r.get('p', np.nan)):.2g})" +
-                       (f": the audit could have detected a female skew of {100 * mde_:.1f} points" if np.isfinite(mde_) else ""))
+                       (f": the audit could have detected a female skew of {100 * mde_:.1f} points"
+                        if np.isfinite(mde_) else ""))
     return True, "fit for audit; a finding of the audit's test"
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #85819207
@@ -965,7 +994,8 @@ def figure3_forest(t3: pd.DataFrame, title: str | None = None):
                              gridspec_kw={"height_ratios": [len(props), 1.6]}, sharey="row")
     step = 0.8 / max(len(conds), 1)
     for j, model in enumerate(models):
-        for row, (names, scale, unit) in enumerate(((props, 100.0, "percentage points"), (["NMDF"], 1.0, "NMDF (score points)"))):
+        for row, (names, scale, unit) in enumerate(((props, 100.0, "percentage points"),
+                                                    (["NMDF"], 1.0, "NMDF (score points)"))):
             ax = axes[row, j]
             for i, cond in enumerate(conds):
                 sub = t3[(t3.model == model) & (t3.condition == cond)].set_index("metric")
@@ -1006,7 +1036,8 @@ def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: I
     metrics = list(metrics)
     t = t3[(t3.condition == condition) & t3.metric.isin(metrics)]
     models = _ordered(t.model)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 0.9 + 0.55 * len(models)), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.3 * len(metrics), 0.9 + 0.55 * len(models)), squeeze=False,
+                             sharey=True)
     for j, metric in enumerate(metrics):
         ax = axes[0, j]
         sub = t[t.metric == metric].set_index("model").reindex(models)
@@ -1024,9 +1055,11 @@ def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: I
                             fmt="o", mfc="white", color=color, capsize=2, ms=5)
             elif "null_estimate" in sub and np.isfinite(r.get("null_estimate", np.nan)):
                 ax.errorbar(100 * r.null_estimate, i + 0.3, xerr=[[100 * (r.null_estimate - r.null_ci_low)],
-                            [100 * (r.null_ci_high - r.null_estimate)]], fmt="o", mfc="white", color=color, capsize=2, ms=5)
+                            [100 * (r.null_ci_high - r.null_estimate)]], fmt="o", mfc="white", color=color, capsize=2,
+                            ms=5)
             if r.get("finding") is True:
-                ax.annotate("★", (100 * r.estimate, i), xytext=(0, 6), textcoords="offset points", ha="center", color="#d62728")
+                ax.annotate("★", (100 * r.estimate, i), xytext=(0, 6), textcoords="offset points", ha="center",
+                            color="#d62728")
         ax.axvline(0, color="grey", lw=0.8, ls="--")
         ax.set_title(metric, fontsize=10)
         ax.set_xlabel("score points" if metric == "NMDF" else "percentage points")
@@ -1054,7 +1087,8 @@ def read_pairs_csv(pairs_csv: str | Path) -> pd.DataFrame:
     return validate_prediction_pairs(_read_csv_text(pairs_csv), source=str(pairs_csv))
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #54ea6234
-def read_null_pairs(pairs_csv: str | Path, null_csvs: Iterable[str | Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+def read_null_pairs(pairs_csv: str | Path,
+                    null_csvs: Iterable[str | Path] = ()) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The real rows of a pair CSV and its null emulators' rows: those of the CSV whose `null_id` is set, and every
     `null_csvs` file (one null emulator per file, named by its stem, unless the file has a `null_id` column).
     Each part is validated on its own; errors name the file and the null emulator."""
@@ -1070,7 +1104,8 @@ def read_null_pairs(pairs_csv: str | Path, null_csvs: Iterable[str | Path] = ())
     for src, n in parts:
         for k in _replicates(n, "null_id", src):
             if k in seen:
-                raise ValueError(f"{src}: null emulator {k!r} is also in {seen[k]}: give each null emulator its own null_id")
+                raise ValueError(f"{src}: null emulator {k!r} is also in {seen[k]}: give each null emulator its own "
+                                 "null_id")
             seen[k] = src
     nulls = pd.concat([n for _, n in parts if len(n)], ignore_index=True) if any(len(n) for _, n in parts) else None
     return raw, nulls
@@ -1112,7 +1147,8 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
     real, nulls = read_null_pairs(pairs_csv, null_csvs)
     out = Path(out_dir)
     tables = {"metrics": _table3_replicates(real, str(pairs_csv), n_boot=n_boot, seed=seed, ci_method=ci_method)}
-    pairs = None if "replicate" in real.columns else validate_prediction_pairs(real, str(pairs_csv))   # Tables 6-7: one training
+    pairs = None if "replicate" in real.columns else validate_prediction_pairs(real,
+                                                                               str(pairs_csv))   # Tables 6-7: one training
     if pairs is not None and "true_level" in pairs.columns:
         tables["table6"], tables["table7"] = discordance_by_level(pairs), or_by_level(pairs)
     verdict = None

@@ -39,7 +39,8 @@ def other_sex_rewrites(records: pd.DataFrame, text_fields: list[str], lang: str)
     if bad:
         raise ValueError(f"permute_sex: {bad} record(s) without a recorded sex F/M (the cohort stage removes them)")
     targets = [_OTHER[s] for s in records["sex"].astype(str)]
-    return {f: counterfactual_texts([None if pd.isna(v) else v for v in records[f]], targets, lang) for f in text_fields}
+    return {f: counterfactual_texts([None if pd.isna(v) else v for v in records[f]], targets, lang)
+            for f in text_fields}
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #ed2b4d61
 def rewritable(rewrites: dict, text_fields: list[str], n: int) -> np.ndarray:
@@ -115,11 +116,13 @@ def sex_neutral_notes(records: pd.DataFrame, text_fields: list[str], rewrites: d
     return [" ".join(v for v in row if isinstance(v, str)) for row in one[list(text_fields)].itertuples(index=False)]
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #5b0e7c21
-PROPENSITY_C = (0.01, 0.03, 0.1, 0.3, 1.0)   # the logistic regression's inverse penalty, chosen by cross-validated log loss
+PROPENSITY_C = (0.01, 0.03, 0.1, 0.3,
+                1.0)   # the logistic regression's inverse penalty, chosen by cross-validated log loss
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #2bda155d
 def sex_propensity(records: pd.DataFrame, notes: list[str] | None = None, cv: int = 5, seed: int = 0) -> np.ndarray:
-    """$\\hat q(x_i) = \\hat P(S_i = F \\mid x_i)$ of every record from its case mix (the logistic regression above; with
+    """$\\hat q(x_i) = \\hat P(S_i = F \\mid x_i)$ of every record from its case mix (the logistic regression above;
+    with
     `notes`, their TF-IDF too): its penalty chosen by `cv`-fold log loss (`PROPENSITY_C`), each record's $\\hat q$ from
     the folds it is not in (cross-fitted), so that $\\hat q$ is calibrated and never memorises $S_i$."""
     sex = records["sex"].astype(str).to_numpy()
@@ -130,13 +133,16 @@ def sex_propensity(records: pd.DataFrame, notes: list[str] | None = None, cv: in
     if not cols:
         return np.full(len(sex), (sex == "F").mean())
     X = records.assign(_notes=list(notes) if use_notes else "")[cols]
-    X = X.astype({c: object for c in cols if c in CASE_MIX_CATEGORICAL}).fillna({c: "missing" for c in CASE_MIX_CATEGORICAL if c in cols})
+    X = X.astype({c: object for c in cols
+                  if c in CASE_MIX_CATEGORICAL}).fillna({c: "missing" for c in CASE_MIX_CATEGORICAL if c in cols})
     k = min(int(cv), int(min((sex == "F").sum(), (sex == "M").sum())))
     if k < 2:
         return pipe.fit(X, sex == "F").predict_proba(X)[:, 1]
     folds = StratifiedKFold(k, shuffle=True, random_state=seed)
-    best = GridSearchCV(pipe, {"logisticregression__C": list(PROPENSITY_C)}, cv=folds, scoring="neg_log_loss").fit(X, sex == "F")
-    return cross_val_predict(pipe.set_params(**best.best_params_), X, sex == "F", cv=folds, method="predict_proba")[:, 1]
+    best = GridSearchCV(pipe, {"logisticregression__C": list(PROPENSITY_C)}, cv=folds,
+                        scoring="neg_log_loss").fit(X, sex == "F")
+    return cross_val_predict(pipe.set_params(**best.best_params_), X, sex == "F", cv=folds,
+                             method="predict_proba")[:, 1]
 
 # %% ../../nbs/1_audit/01_null_control.ipynb #a8e1fd6b
 def _sweeps(female: np.ndarray, logit_q: np.ndarray, n_sweeps: int, rng: np.random.Generator) -> np.ndarray:
@@ -226,7 +232,8 @@ def null_design(records: pd.DataFrame, text_fields: list[str], lang: str, n_copi
                 propensity=None, movable=None) -> tuple[list[np.ndarray], dict]:
     """(`n_copies` sexes of the records for null emulators, design: `rewrites`, `eligible`, `marked`, `terms`, `q`).
     `propensity`: a known $P(S_i = F \\mid x_i)$ per record in place of $\\hat q$ (a synthetic cohort's own, say).
-    `movable`: the records a null may re-sex (default all); the others only inform $\\hat q$ and the sex-marked words."""
+    `movable`: the records a null may re-sex (default all); the others only inform $\\hat q$ and the sex-marked
+    words."""
     rewrites = other_sex_rewrites(records, text_fields, lang)
     eligible, sex = rewritable(rewrites, text_fields, len(records)), records["sex"].astype(str).to_numpy()
     neutral = sex_neutral_notes(records, text_fields, rewrites) if text_fields and (notes or fix_marked) else None

@@ -44,18 +44,22 @@ CPU_MEASURED = {
     # fit + its test predictions (100 test records in 3 views); the MLP's (`MLP_fit`) less its MiniLM embeddings of the
     # training texts and the 300 test texts at text_s_per_text; a null twin costs its model's time, except the MLP's,
     # which re-embeds only the texts that the permutation changed (the null cell less the RF twin)
-    "baseline_s_per_train_record": {"en": {"FS": 40.1 / 1322, "RF": 24.05 / 1322, "MLP_fit": (49.05 - 0.026 * (1322 + 300)) / 1322,
+    "baseline_s_per_train_record": {"en": {"FS": 40.1 / 1322, "RF": 24.05 / 1322,
+                                           "MLP_fit": (49.05 - 0.026 * (1322 + 300)) / 1322,
                                            "MLP_null": 19.3 / 1322, "RF_null": 5.1 / 1322},
-                                    "fr": {"FS": 52.2 / 1155, "RF": 26.3 / 1155, "MLP_fit": (82.35 - 0.050 * (1155 + 300)) / 1155,
+                                    "fr": {"FS": 52.2 / 1155, "RF": 26.3 / 1155,
+                                           "MLP_fit": (82.35 - 0.050 * (1155 + 300)) / 1155,
                                            "MLP_null": 37.1 / 1155, "RF_null": 5.5 / 1155}},
     # a null RF refits the real RF's searched hyperparameters without the search (`fixed_params`): 5.1 s against 21.3 s
     # with it on 1,322 synth-en records (2026-12-03, one core, the other busy); synth-fr scaled by the same ratio. Null
     # MLPs after the first re-embed nothing (the rewritten notes are cached): a refit of the MLP head, about 1 s
     "MLP_refit_s": 1.0,
-    # 08_predict, seconds per pair text (6 per pair) at baseline_threads 2: FS and RF from a benchmark on 600 pair texts;
+    # 08_predict, seconds per pair text (6 per pair) at baseline_threads 2: FS and RF from a benchmark on 600 pair
+    # texts;
     # MiniLM (the MLP's input) from the runs: the text-model cell less FS and RF, over the texts embedded
     # (synth-en 198.6 s / 7,235 and 60.6 s / 2,400; synth-fr 347 s / 6,395 and 107.6 s / 2,400)
-    "text_s_per_text": {"en": {"FS": 7.9e-4, "RF": 1.9e-4, "MiniLM": 0.026}, "fr": {"FS": 7.9e-4, "RF": 1.7e-4, "MiniLM": 0.050}},
+    "text_s_per_text": {"en": {"FS": 7.9e-4, "RF": 1.9e-4, "MiniLM": 0.026},
+                        "fr": {"FS": 7.9e-4, "RF": 1.7e-4, "MiniLM": 0.050}},
     "one_thread_factor": 1.73,              # MiniLM / FS on 1 torch thread vs 2 (600 texts: 31.6 s vs 18.3 s)
     "data_s_per_record": 2.2e-4,            # 01_data on synthetic records (20,000 generated here), CPU-s per record
     "cohort_s_per_record": 3.4e-5,          # 02_cohort rules, CPU-s per record (same measurement)
@@ -64,7 +68,8 @@ CPU_MEASURED = {
     "fs_flops_per_s": {"mlm": 1.03e+11, "train": 1.08e+11, "score": 1.02e+11},
     "fs_tokens_per_prompt_token": {"en": 0.4615, "fr": 0.4094},
     "fs_vocab": {"synth-en": 3334, "synth-fr": 2937},   # its tokenizer's vocabulary there (elsewhere: vocab_size)
-    "tiny_s_per_prompt": {"en": 46 / 26100, "fr": 60 / 26100},  # recovery condition CPU-s / (3 x 7,500 trained + 3,600 scored)
+    "tiny_s_per_prompt": {"en": 46 / 26100,
+                          "fr": 60 / 26100},  # recovery condition CPU-s / (3 x 7,500 trained + 3,600 scored)
     "recovery_cpu_s_per_condition": {"en": 84.0, "fr": 127.0},   # README, recovery study (every test pair scored)
 }
 #: Measured mean / max prompt tokens per view (SmolLM2 tokenizer, 300 default-profile cohort records; the demo's 207).
@@ -89,7 +94,8 @@ VIEWS_PER_RECORD = 3   # full, text-isolated, tabular-isolated (section 2.2)
 CPU_MEASURED["null_control_s_per_record"] = {"en": (29.6 / 2.217 - 10.5) / 3000, "fr": (32.4 / 2.217 - 10.5) / 3000}
 
 # %% ../../nbs/1_audit/11_plan.ipynb #43ba3d1c
-_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+         "vocab_size")
 
 # %% ../../nbs/1_audit/11_plan.ipynb #71caafac
 def _from_config_json(path: Path) -> dict:
@@ -114,7 +120,8 @@ def _smollm2_config() -> tuple[dict, str]:
     reader = GGUFReader(path)
     f = reader.fields
     g = lambda k: int(f[f"llama.{k}"].contents())
-    cfg = dict(hidden_size=g("embedding_length"), num_hidden_layers=g("block_count"), num_attention_heads=g("attention.head_count"),
+    cfg = dict(hidden_size=g("embedding_length"), num_hidden_layers=g("block_count"),
+               num_attention_heads=g("attention.head_count"),
                num_key_value_heads=g("attention.head_count_kv"), intermediate_size=g("feed_forward_length"),
                vocab_size=g("vocab_size"), tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors})
     cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -124,13 +131,16 @@ def _smollm2_config() -> tuple[dict, str]:
 def model_config(ft_model: str) -> tuple[dict, str]:
     "(architecture, where it was read) of `ft_model`: 'smollm2', 'tiny-llama' or a local model folder."
     if ft_model == "tiny-llama":  # nbs/1_audit/stages/05_emulator.ipynb: tiny_causal_lm("llama", tiny_tokenizer(corpus, 1024), 64, 2)
-        return dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                    vocab_size=1024, head_dim=16, tie_word_embeddings=False), "triage_cf.audit.emulator.tiny_causal_lm (05_emulator)"
+        return dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    intermediate_size=128,
+                    vocab_size=1024, head_dim=16,
+                    tie_word_embeddings=False), "triage_cf.audit.emulator.tiny_causal_lm (05_emulator)"
     if ft_model == "smollm2":
         return _smollm2_config()
     path = Path(ft_model) / "config.json"
     if not path.exists():
-        raise FileNotFoundError(f"ft_model {ft_model!r}: no {path}; give a local Hugging Face model folder (plan reads its "
+        raise FileNotFoundError(f"ft_model {ft_model!r}: no {path}; give a local Hugging Face model folder (plan reads "
+                                "its "
                                 "config.json; nothing is downloaded)")
     return _from_config_json(path), str(path)
 
@@ -187,19 +197,22 @@ def dataset_sizes(dataset: str, params: dict, run_dir: str | Path | None = None)
     syn = params.get("synth") or {}
     if m["loader"] == "synth":
         records = int(syn.get("n_records", 400))
-        share = sizes.get("cohort_share") or sizes["cohort_share_in_window"] * (1 - float(syn.get("share_before_2016", 0)))
+        share = sizes.get("cohort_share") or sizes["cohort_share_in_window"] * (1 - float(syn.get("share_before_2016",
+                                                                                                  0)))
         cohort = round(records * share)
     else:
         records, cohort = int(sizes["records"]), int(sizes["cohort"])
     test = round(cohort * float(params.get("test_size", 0.5)))
-    out = {"records": records, "cohort": cohort, "train": cohort - test, "test": test, "basis": "estimated (manifest sizes)"}
+    out = {"records": records, "cohort": cohort, "train": cohort - test, "test": test,
+           "basis": "estimated (manifest sizes)"}
     n_rec, n_coh, split = _parquet_rows(paths.data / "records.parquet"), _parquet_rows(paths.data / "cohort.parquet"), paths.data / "split.parquet"
     if n_rec is not None and n_coh is not None and split.exists():
         try:
             s = pq.read_table(split, columns=["split"]).column("split").to_pylist()
         except (OSError, ValueError):  # unreadable (the chain will recompute it): keep the estimate
             return {**out, "basis": f"estimated ({split} unreadable)"}
-        out.update(records=n_rec, cohort=n_coh, train=s.count("train"), test=s.count("test"), basis=f"exact ({paths.root})")
+        out.update(records=n_rec, cohort=n_coh, train=s.count("train"), test=s.count("test"),
+                   basis=f"exact ({paths.root})")
     return out
 
 # %% ../../nbs/1_audit/11_plan.ipynb #c87bf093
@@ -235,7 +248,8 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
     lang = "fr" if load_manifest(dataset)["language"] == "fr" else "en"
     fs_tokens = min(tok["full"] * CPU_MEASURED["fs_tokens_per_prompt_token"][lang], fs["max_length"])
     fs_vocab = min(CPU_MEASURED["fs_vocab"].get(dataset, fs["vocab_size"]), fs["vocab_size"])
-    return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval, "eval_views": len(eval_views),
+    return {"ft_train": n_ft - n_val, "ft_val": n_val, "epochs": epochs, "ft_eval": n_eval,
+            "eval_views": len(eval_views),
             "pairs": pairs, "all_pairs": all_pairs, "mlp_pairs": mlp_pairs, "baseline_train": n_bl, "fs_train": n_fs,
             "null_twins": {m: k for m, k in twins.items() if k}, "train_tokens": (n_ft - n_val) * epochs * tok["full"],
             "val_tokens": n_val * epochs * tok["full"], "eval_tokens": n_eval * sum(tok[v] for v in eval_views),
@@ -272,14 +286,16 @@ def _model_seconds(tokens: float, prompts: int, kind: str, n: int, lang: str, ti
 # %% ../../nbs/1_audit/11_plan.ipynb #cccf4140
 def _fs_seconds(wl: dict, n_train: int, n_scored: int, gpu: tuple | None) -> float:
     """Compute-bound seconds of one FS model: MLM pre-training and fine-tuning (with its validation) on `n_train` texts,
-    then scoring `n_scored` texts; on CPU at the measured FLOP rates (2 threads), on one GPU at the stated utilisation."""
+    then scoring `n_scored` texts; on CPU at the measured FLOP rates (2 threads), on one GPU at the stated
+    utilisation."""
     s, T = {**fs_settings(wl["fs_profile"]), "vocab_size": wl["fs_vocab"]}, wl["fs_tokens"]
     n_val = math.ceil(s["val_frac"] * n_train) if s["val_frac"] > 0 else 0
     flops = {"mlm": s["mlm_epochs"] * n_train * T * fs_flops_per_token(s, T, "mlm"),
              "train": s["epochs"] * (n_train - n_val) * T * fs_flops_per_token(s, T, "train"),
              "score": (s["epochs"] * n_val + n_scored) * T * fs_flops_per_token(s, T, "score")}
     if gpu is not None:
-        return sum(f / (gpu[0] * 1e12 * GPU_UTILISATION["score" if k == "score" else "train"]) for k, f in flops.items())
+        return sum(f / (gpu[0] * 1e12 * GPU_UTILISATION["score" if k == "score" else "train"])
+                   for k, f in flops.items())
     return sum(f / CPU_MEASURED["fs_flops_per_s"][k] for k, f in flops.items())
 
 # %% ../../nbs/1_audit/11_plan.ipynb #ec9eccaf
@@ -303,12 +319,14 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
     if stage == "05_emulator":
         return (light + ft_runs * ms(wl["train_tokens"], wl["ft_train"] * wl["epochs"], "train")
                 + ms(ft_runs * wl["val_tokens"] + wl["eval_tokens"],
-                     ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD), "score"))
+                     ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD),
+                     "score"))
     slow = 1.0 if int(params.get("baseline_threads") or 1) >= 2 else CPU_MEASURED["one_thread_factor"]
     per = CPU_MEASURED["text_s_per_text"][lang]
     # MiniLM (the MLP's input) follows baseline_threads; on a GPU (SentenceEncoder uses CUDA when present) its CPU time
     # x the CPU / GPU FLOP-rate ratio
-    minilm = per["MiniLM"] * (slow if gpu is None else CPU_MEASURED["fs_flops_per_s"]["score"] / (gpu[0] * 1e12 * GPU_UTILISATION["score"]))
+    minilm = per["MiniLM"] * (slow if gpu is None
+                              else CPU_MEASURED["fs_flops_per_s"]["score"] / (gpu[0] * 1e12 * GPU_UTILISATION["score"]))
     n_fs = 1 + twins.get("FS", 0)
     # FS: the measured time of the small (overhead-bound) FS, or its FLOPs where those take longer (the paper's size)
     fs_time = lambda measured, flop_s: n_fs * (flop_s if gpu is not None else max(measured, flop_s) * slow)
@@ -316,14 +334,17 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         rate, n = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"]
         test_texts = wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD)   # 04b scores the views 05_emulator scored
         k_mlp = twins.get("MLP", 0)   # the first null MLP re-embeds the notes the permutation changed, the others refit
-        fit = (n * (rate["RF"] + twins.get("RF", 0) * rate["RF_null"] + rate["MLP_fit"] + min(k_mlp, 1) * rate["MLP_null"] * slow)
+        fit = (n * (rate["RF"] + twins.get("RF",
+                                           0) * rate["RF_null"] + rate["MLP_fit"] + min(k_mlp,
+                                                                                        1) * rate["MLP_null"] * slow)
                + max(k_mlp - 1, 0) * CPU_MEASURED["MLP_refit_s"])
         mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in the FT's views
         fs_n = wl.get("fs_train", n)   # FS trains on its own subsample (fs_train_n)
         return light + fit + mlp + fs_time(rate["FS"] * fs_n, _fs_seconds(wl, fs_n, test_texts, gpu))
     if stage == "08_predict":
         texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
-        cheap = (fs_time(texts * per["FS"], _fs_seconds(wl, 0, texts, gpu)) + texts * (1 + twins.get("RF", 0)) * per["RF"]
+        cheap = (fs_time(texts * per["FS"],
+                         _fs_seconds(wl, 0, texts, gpu)) + texts * (1 + twins.get("RF", 0)) * per["RF"]
                  + mlp_texts * (minilm + twins.get("MLP", 0) * per["RF"]))   # the MLP twins reuse the embeddings
         return light + ft_runs * ms(wl["pair_tokens"], wl["pair_prompts"], "score") + cheap
     if stage == "10_recovery":
@@ -341,14 +362,99 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
                 else "CPU tokens/s measured, scaled by parameters")
     if stage == "08_predict":
         return ("FT: FLOPs at the stated GPU utilisation" if gpu else "FT: tiny-model CPU s/prompt" if tiny
-                else "FT: CPU tokens/s scaled by parameters") + ("; FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio; RF: measured CPU-s per pair text"
-                if gpu else "; FS: measured CPU-s per pair text or FLOPs at the measured rate; RF, MLP: measured CPU-s per pair text")
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                            else "FT: CPU tokens/s scaled by parameters") + ("; FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio; RF: measured CPU-s per pair text"
+                if gpu
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                            else "; FS: measured CPU-s per pair text or FLOPs at the measured rate; RF, MLP: measured CPU-s per pair text")
     if stage == "06_baselines":
-        return ("FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio + its measured fit; RF: measured CPU-s per training record" if gpu
-                else "FS: measured CPU-s per training record or FLOPs at the measured rate; RF, MLP: measured CPU-s per training record and per text embedded")
+        return ("FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio + its measured fit; "
+                "RF: measured CPU-s per training record" if gpu
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                            else "FS: measured CPU-s per training record or FLOPs at the measured rate; RF, MLP: measured CPU-s per training record and per text embedded")
     return {"10_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
             "02_cohort": "light stage + s/record measured",
-            "04_null_control": "light stage + s/record measured (a slower CPU's, scaled)", "09_metrics": "measured 09_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time" if stage in (
+            "04_null_control": "light stage + s/record measured (a slower CPU's, scaled)",
+            "09_metrics": "measured 09_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time"
+                                                                            if stage in (
             "03_split", "07_counterfactuals", "09_metrics", "15_report") else "no measurement")
 
 
@@ -361,7 +467,8 @@ def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | 
     if not paths.run_json.exists():
         return {s: "no run.json in the run folder" for s in stages}
     run = chain.load_run_json(paths)
-    upstream = sha256_text(json.dumps({"dataset": dataset, "profile": profile, "code": chain._code_fingerprint()}, sort_keys=True))
+    upstream = sha256_text(json.dumps({"dataset": dataset, "profile": profile, "code": chain._code_fingerprint()},
+                                      sort_keys=True))
     out, ran_any = {}, False
     for s in stages:
         nb = chain.stage_notebook(s)
@@ -370,7 +477,8 @@ def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | 
             out[s], ran_any = f"notebook {nb.name} missing", True
             continue
         declared = chain._notebook_parameters(nb)
-        key = sha256_text(json.dumps({"nb": chain._notebook_fingerprint(nb), "params": {k: v for k, v in params.items() if k in declared},
+        key = sha256_text(json.dumps({"nb": chain._notebook_fingerprint(nb),
+                                      "params": {k: v for k, v in params.items() if k in declared},
                                       "upstream": upstream}, sort_keys=True, default=str))
         if ran_any:
             why = "an earlier stage runs"
@@ -419,18 +527,23 @@ def _fit(p: dict) -> tuple[list[str], list[str]]:
     model = mem["weights"] + mem["lora_states"]
     if model + mem["overhead"] * n > total:
         refuse.append(f"the model's training memory (weights + LoRA/optimizer states) is {model:.1f} GB, more than "
-                      f"{n} GPU(s) x {per:g} GB = {total:g} GB" + ("" if p["qlora"] else "; try QLoRA (ft_qlora) or more GPUs"))
+                      f"{n} GPU(s) x {per:g} GB = {total:g} GB" + ("" if p["qlora"]
+                                                                   else "; try QLoRA (ft_qlora) or more GPUs"))
     elif model / n + mem["activations"] + mem["overhead"] > per:
-        refuse.append(f"a micro-batch's activations ({mem['activations']:.1f} GB) do not fit beside the model sharded over {n} "
-                      f"GPU(s) ({model / n:.1f} GB each) in {per:g} GB; lower ft_batch_size (with gradient accumulation) or "
+        refuse.append(f"a micro-batch's activations ({mem['activations']:.1f} GB) do not fit beside the model sharded "
+                      f"over {n} "
+                      f"GPU(s) ({model / n:.1f} GB each) in {per:g} GB; lower ft_batch_size (with gradient "
+                      "accumulation) or "
                       "turn on gradient checkpointing")
     elif mem["train"] > per:
-        notes.append(f"training needs {mem['train']:.1f} GB, more than one GPU's {per:g} GB: the model must be sharded over "
+        notes.append(f"training needs {mem['train']:.1f} GB, more than one GPU's {per:g} GB: the model must be sharded "
+                     "over "
                      f"the {n} GPUs (FSDP)")
     if mem["inference"] > total:
         refuse.append(f"inference needs {mem['inference']:.1f} GB, more than {n} GPU(s) x {per:g} GB = {total:g} GB")
     elif mem["inference"] > per:
-        notes.append(f"inference needs {mem['inference']:.1f} GB, more than one GPU's {per:g} GB: tensor parallelism over the {n} GPUs")
+        notes.append(f"inference needs {mem['inference']:.1f} GB, more than one GPU's {per:g} GB: tensor parallelism "
+                     f"over the {n} GPUs")
     return refuse, notes
 
 # %% ../../nbs/1_audit/11_plan.ipynb #a1c9e3d1
@@ -459,10 +572,12 @@ def cpu_speed_ratio(gflops: float | None = None) -> float:
     return DEV_FP32_GFLOPS / (gflops if gflops is not None else cpu_fp32_gflops())
 
 # %% ../../nbs/1_audit/11_plan.ipynb #58900363
-def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float | None = None, run_dir: str | Path | None = None,
+def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float | None = None,
+         run_dir: str | Path | None = None,
          gpu: str = "A100", model: str | None = None, qlora: bool | None = None, strict: bool = True,
          overrides: dict | None = None) -> dict:
-    "The plan of `triage-cf reproduce --dataset DATASET --profile PROFILE [--set KEY=VALUE ...]` on this hardware; nothing is run."
+    """The plan of `triage-cf reproduce --dataset DATASET --profile PROFILE [--set KEY=VALUE ...]` on this hardware;
+    nothing is run."""
     params = effective_params(dataset, profile, overrides)
     manifest = load_manifest(dataset)
     lang = manifest["language"]
@@ -477,8 +592,10 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
         hw = {"device": "cuda", "gpus": int(gpus), "gpu": gpu, "gpu_mem_gb": float(gpu_mem_gb or GPU_SPECS[gpu][1]),
               "bf16_tflops": GPU_SPECS[gpu][0]}
     else:
-        hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1), "fp32_gflops": round(cpu_fp32_gflops(), 1)}
-    stages = stages_for({**load_params(dataset, profile), **(overrides or {})})   # the profile's switches, not the notebooks' defaults
+        hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1),
+              "fp32_gflops": round(cpu_fp32_gflops(), 1)}
+    stages = stages_for({**load_params(dataset, profile),
+                         **(overrides or {})})   # the profile's switches, not the notebooks' defaults
     sizes = dataset_sizes(dataset, params, run_dir)
     wl = workload(dataset, params, sizes)
     mem = memory_gb(cfg, counts, hw["device"], int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
@@ -491,11 +608,14 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
     for s in stages:
         est = stage_seconds(s, params, sizes, wl, counts["n"], lang, tiny, gpu_arg)
         rows.append({"stage": s, "status": "cached" if cache[s] == "cached" else "runs", "why": cache[s],
-                     "seconds": 0.0 if cache[s] == "cached" else est, "basis": stage_basis(s, gpus is not None and bool(gpus), tiny)})
+                     "seconds": 0.0 if cache[s] == "cached" else est,
+                     "basis": stage_basis(s, gpus is not None and bool(gpus), tiny)})
     unestimated = [r["stage"] for r in rows if r["seconds"] is None]
     missing = [f["path"] for f in manifest.get("files") or [] if file_checksum_status(f) != "ok"]
-    p = {"dataset": dataset, "profile": profile, "overrides": dict(overrides or {}), "access": manifest["access"], "hardware": hw, "model": ft_model,
-         "model_config": cfg_src, "parameters": counts, "training": "full fine-tune" if not lora else ("QLoRA" if qlora else "LoRA"),
+    p = {"dataset": dataset, "profile": profile, "overrides": dict(overrides or {}), "access": manifest["access"],
+         "hardware": hw, "model": ft_model,
+         "model_config": cfg_src, "parameters": counts, "training": "full fine-tune" if not lora
+         else ("QLoRA" if qlora else "LoRA"),
          "qlora": qlora, "sizes": sizes, "workload": wl, "memory_gb": mem, "qlora_train_gb": mem_q, "stages": rows,
          "seconds": sum(r["seconds"] or 0.0 for r in rows), "unestimated": unestimated, "data_missing": missing,
          "speed_ratio": cpu_speed_ratio(hw["fp32_gflops"]) if not gpus else None,
@@ -504,7 +624,8 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
     p["refused"], p["notes"] = _fit(p)
     long = [f"{r['stage']} ({r['seconds'] / 3600:.0f} h)" for r in rows if (r["seconds"] or 0) > 86400]
     if long:
-        p["notes"].append(f"{', '.join(long)} would run over a day each on {format_hardware(hw)} (see each stage's basis)")
+        p["notes"].append(f"{', '.join(long)} would run over a day each on {format_hardware(hw)} (see each stage's "
+                          "basis)")
     if strict and p["refused"]:
         raise PlanRefused(f"plan refused for {dataset} / {profile} on {format_hardware(hw)}: " + "; ".join(p["refused"]), p)
     return p
@@ -526,30 +647,51 @@ def format_plan(p: dict) -> str:
     "The plan as text: hardware, model, sizes, memory, stages with their estimated time, refusals and notes."
     sz, wl, mem, c = p["sizes"], p["workload"], p["memory_gb"], p["parameters"]
     over = "".join(f", {k}={v!r}" for k, v in p.get("overrides", {}).items())
-    out = [f"plan: dataset {p['dataset']} ({p['access']}), profile {p['profile']}{over}, on {format_hardware(p['hardware'])}",
-           f"model: {p['model']}, {c['n']:,} parameters ({p['training']}: {c['n_lora'] if p['training'] != 'full fine-tune' else c['n']:,} "
+    out = [f"plan: dataset {p['dataset']} ({p['access']}), profile {p['profile']}{over}, on "
+           f"{format_hardware(p['hardware'])}",
+           f"model: {p['model']}, {c['n']:,} parameters ({p['training']}: "
+           f"{c['n_lora'] if p['training'] != 'full fine-tune' else c['n']:,} "
            f"trained); config: {p['model_config']}",
-           f"records: {sz['records']:,} read, {sz['cohort']:,} in the cohort, {sz['train']:,} train / {sz['test']:,} test ({sz['basis']})",
+           f"records: {sz['records']:,} read, {sz['cohort']:,} in the cohort, {sz['train']:,} train / {sz['test']:,} "
+           f"test ({sz['basis']})",
            f"fine-tune: {wl['ft_train']:,} records x {wl['epochs']} epoch(s) (+{wl['ft_val']:,} validation), "
-           f"{wl['train_tokens']:,.0f} tokens to train; test scoring: {wl['ft_eval']:,} records x {wl.get('eval_views', 3)} view(s)",
-           f"pairs: FT {wl['pairs']:,} ({wl['pair_prompts']:,} prompts), FS and RF {wl.get('all_pairs', wl['pairs']):,}, "
+           f"{wl['train_tokens']:,.0f} tokens to train; test scoring: {wl['ft_eval']:,} records x "
+           f"{wl.get('eval_views', 3)} view(s)",
+           f"pairs: FT {wl['pairs']:,} ({wl['pair_prompts']:,} prompts), FS and RF "
+           f"{wl.get('all_pairs', wl['pairs']):,}, "
            f"MLP {wl.get('mlp_pairs', wl['pairs']):,}; null twins: "
-           + (", ".join(f"{m} x{k}" for m, k in wl.get("null_twins", {}).items()) or "none") + f"; tokens to score: {wl['eval_tokens'] + wl['val_tokens'] + wl['pair_tokens']:,.0f} "
+           + (", ".join(f"{m} x{k}" for m, k in wl.get("null_twins", {}).items())
+              or "none") + f"; tokens to score: {wl['eval_tokens'] + wl['val_tokens'] + wl['pair_tokens']:,.0f} "
            f"(prompts cut at {wl['max_length']}; {wl['tokens_basis']}); baselines train on {wl['baseline_train']:,}",
-           f"memory: training {mem['train']:.2f} GB (weights {mem['weights']:.2f}, LoRA/optimizer {mem['lora_states']:.2f}, "
+           f"memory: training {mem['train']:.2f} GB (weights {mem['weights']:.2f}, LoRA/optimizer "
+           f"{mem['lora_states']:.2f}, "
            f"activations {mem['activations']:.2f}, framework {mem['overhead']:.0f})"
-           + (f"; QLoRA training on a GPU {p['qlora_train_gb']:.2f} GB" if p["qlora_train_gb"] is not None else "") + f"; inference {mem['inference']:.2f} GB "
+           + (f"; QLoRA training on a GPU {p['qlora_train_gb']:.2f} GB" if p["qlora_train_gb"] is not None
+              else "") + f"; inference {mem['inference']:.2f} GB "
            f"(KV cache {mem['kv_cache']:.2f})", "stages:"]
     for r in p["stages"]:
-        out.append(f"  {r['stage']:<20} {r['status']:<7} {_dur(r['seconds']):>14}   " + (r["why"] if r["status"] == "cached" else f"{r['basis']}; {r['why']}"))
-    out.append(f"estimated time: {_dur(p['seconds'])}" + (f" (not counted: {', '.join(p['unestimated'])})" if p["unestimated"] else "")
+        out.append(f"  {r['stage']:<20} {r['status']:<7} {_dur(r['seconds']):>14}   " + (r["why"]
+                                                                                         if r["status"] == "cached"
+
+
+
+
+
+
+
+
+                                                                                                                         else f"{r['basis']}; {r['why']}"))
+    out.append(f"estimated time: {_dur(p['seconds'])}" + (f" (not counted: {', '.join(p['unestimated'])})"
+                                                          if p["unestimated"] else "")
                + f"; basis: {p['basis']['cpu' if p['hardware']['device'] == 'cpu' else 'gpu']}")
     if p.get("speed_ratio"):
-        out.append(f"on this CPU now: about {_dur(p['seconds'] * p['speed_ratio'])} (its fp32 rate at planning time {p['hardware']['fp32_gflops']:g} "
+        out.append(f"on this CPU now: about {_dur(p['seconds'] * p['speed_ratio'])} (its fp32 rate at planning time "
+                   f"{p['hardware']['fp32_gflops']:g} "
                    f"GFLOP/s against the development machine's {DEV_FP32_GFLOPS:g}: x{p['speed_ratio']:.2f})")
     if p["data_missing"]:
         out.append(f"data: {len(p['data_missing'])} file(s) not under the data root with their sha256: "
-                   + ("run `triage-cf fetch --dataset " + p["dataset"] + "`" if p["access"] == "open" else "see `triage-cf fetch` for access"))
+                   + ("run `triage-cf fetch --dataset " + p["dataset"] + "`" if p["access"] == "open"
+                      else "see `triage-cf fetch` for access"))
     out += [f"note: {n}" for n in p["notes"]] + [f"REFUSED: {r}" for r in p["refused"]]
     return "\n".join(out)
 
@@ -591,7 +733,8 @@ def detectable_size(target: float, model: str = "RF", case_mix: float = 1.0, sta
 # %% ../../nbs/1_audit/11_plan.ipynb #e8a2d5f1
 def measured_level(n_pairs: float, model: str = "RF", alpha: float = 0.05, upper: float = 0.10,
                    rows: list[dict] | None = None, test: str = "t") -> dict:
-    "The calibration's false-positive rate of `model`'s primary check at the size nearest `n_pairs`, and whether verified."
+    """The calibration's false-positive rate of `model`'s primary check at the size nearest `n_pairs`, and whether
+    verified."""
     rs = [r for r in (calibration_level() if rows is None else rows)
           if r["model"] == model and r.get("test", "t") == test and r["n"] > 0]
     if not rs or not n_pairs or n_pairs <= 0:
@@ -602,6 +745,7 @@ def measured_level(n_pairs: float, model: str = "RF", alpha: float = 0.05, upper
     near = abs(np.log(r["n_pairs"] / n_pairs)) <= np.log(2)
     ok = near and r["k"] / r["n"] <= alpha and hi <= upper
     why = (f"{r['k']}/{r['n']} false primary findings [95% CI {100 * lo:.0f}-{100 * hi:.0f}%] in nothing-planted "
-           f"synthetic audits of {r['n_records']:,} records" + ("" if near else ", not within a factor of 2 of this audit's size"))
+           f"synthetic audits of {r['n_records']:,} records" + ("" if near
+                                                                else ", not within a factor of 2 of this audit's size"))
     return dict(model=model, measured=True, verified=bool(ok), n_records=r["n_records"], k=r["k"], n=r["n"],
                 ci=(float(lo), float(hi)), why=why)

@@ -36,9 +36,11 @@ def pair_records(pairs: pd.DataFrame, text_fields: list[str]) -> tuple[pd.DataFr
     return pair_views(pairs, "full", text_fields)
 
 # %% ../../nbs/1_audit/07_predict.ipynb #583c5328
-def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str,
+def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fields: list[str], levels: list[int],
+                              lang: str,
                               out_dir: str | Path | None = None, progress: bool = False) -> pd.DataFrame:
-    "Probability vectors of both sides of every pair in every view from an emulator backend (`triage_cf.audit.emulator`)."
+    """Probability vectors of both sides of every pair in every view from an emulator backend
+    (`triage_cf.audit.emulator`)."""
     x, xc = pair_records(pairs, text_fields)
     frames = []
     for side, recs in (("orig", x), ("cf", xc)):
@@ -50,7 +52,8 @@ def emulator_pair_predictions(backend, tokenizer, pairs: pd.DataFrame, text_fiel
     return pd.concat(frames, ignore_index=True)
 
 # %% ../../nbs/1_audit/07_predict.ipynb #0569d77d
-def oracle_pair_predictions(pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str, knobs: dict) -> pd.DataFrame:
+def oracle_pair_predictions(pairs: pd.DataFrame, text_fields: list[str], levels: list[int], lang: str,
+                            knobs: dict) -> pd.DataFrame:
     "The oracle's exact level distributions for both sides of every pair in every view (synthetic cohorts)."
     frames = []
     for view in VIEWS:
@@ -59,7 +62,8 @@ def oracle_pair_predictions(pairs: pd.DataFrame, text_fields: list[str], levels:
             full = oracle_proba(recs, lang, **knobs)  # over the generator's levels 1..5
             keep = [l - 1 for l in levels]           # restricted to the cohort's levels, renormalised
             p = full[:, keep] / full[:, keep].sum(axis=1, keepdims=True)
-            frames.append(pd.concat([pd.DataFrame({"pair_id": recs["pair_id"].to_numpy(), "record_id": recs["record_id"].to_numpy(),
+            frames.append(pd.concat([pd.DataFrame({"pair_id": recs["pair_id"].to_numpy(),
+                                                   "record_id": recs["record_id"].to_numpy(),
                                                    "view": view, "side": side}), proba_frame(p, levels)], axis=1))
     return pd.concat(frames, ignore_index=True)
 
@@ -75,21 +79,25 @@ def text_model_pair_predictions(proba_of, pairs: pd.DataFrame, text_fields: list
             p = np.asarray(proba_of(record_texts(recs, view, lang, fields, text_fields)), dtype=np.float64)
             if p.shape != (len(recs), len(levels)):
                 raise ValueError(f"proba_of returned shape {p.shape} for {len(recs)} texts and {len(levels)} levels")
-            frames.append(pd.concat([pd.DataFrame({"pair_id": recs["pair_id"].to_numpy(), "record_id": recs["record_id"].to_numpy(),
+            frames.append(pd.concat([pd.DataFrame({"pair_id": recs["pair_id"].to_numpy(),
+                                                   "record_id": recs["record_id"].to_numpy(),
                                                    "view": view, "side": side}), proba_frame(p, levels)], axis=1))
     return pd.concat(frames, ignore_index=True)
 
 # %% ../../nbs/1_audit/07_predict.ipynb #87263249
 def pairs_for_metrics(preds: pd.DataFrame, pairs: pd.DataFrame, model: str) -> pd.DataFrame:
     """The long pair table of `triage_cf.audit.metrics` (pair_id, orig_sex, pred_orig, pred_cf, condition, true_level,
-    model) and, where `preds` has the probability vectors (`p_<level>`), each side's expected level (`exp_orig`, `exp_cf`)."""
+    model) and, where `preds` has the probability vectors (`p_<level>`), each side's expected level (`exp_orig`,
+    `exp_cf`)."""
     pcols = [c for c in preds.columns if c.startswith("p_") and c[2:].isdigit()]
-    preds = preds.assign(exp=expected_level(preds[pcols].to_numpy(float), [int(c[2:]) for c in pcols])) if pcols else preds
+    preds = preds.assign(exp=expected_level(preds[pcols].to_numpy(float),
+                                            [int(c[2:]) for c in pcols])) if pcols else preds
     o = preds[preds["side"] == "orig"].set_index(["view", "pair_id"])["pred"]
     c = preds[preds["side"] == "cf"].set_index(["view", "pair_id"])["pred"]
     if not o.index.equals(c.index) and not o.index.sort_values().equals(c.index.sort_values()):
         raise ValueError(f"model {model}: the original and counterfactual predictions cover different pairs")
-    df = pd.DataFrame({"pred_orig": o, "pred_cf": c.reindex(o.index)}).reset_index().rename(columns={"view": "condition"})
+    df = pd.DataFrame({"pred_orig": o,
+                       "pred_cf": c.reindex(o.index)}).reset_index().rename(columns={"view": "condition"})
     info = pairs.set_index("pair_id")[["sex", "triage_level"]]
     df["orig_sex"] = df["pair_id"].map(info["sex"]).astype(str)
     df["true_level"] = df["pair_id"].map(info["triage_level"]).astype(int)

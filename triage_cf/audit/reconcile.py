@@ -30,15 +30,19 @@ TABLE3 = {
         "DTS_F_to_M": ("-0.8", "-1.1", "-0.5"), "DTS_M_to_F": ("1.3", "1.0", "1.6"),
         "NATS_down": ("-1.1", "-1.4", "-0.8"), "NATS_up": ("1.0", "0.7", "1.3"), "NMDF": ("0.011", "0.009", "0.013")},
     "bordeaux_text_iso": {
-        "PDR": ("18.7", "18.4", "19.0"), "P_down_M_to_F": ("3.3", "3.1", "3.5"), "P_up_M_to_F": ("14.4", "14.1", "14.7"),
+        "PDR": ("18.7", "18.4", "19.0"), "P_down_M_to_F": ("3.3", "3.1", "3.5"),
+        "P_up_M_to_F": ("14.4", "14.1", "14.7"),
         "P_down_F_to_M": ("4.1", "3.9", "4.3"), "P_up_F_to_M": ("15.6", "15.3", "16.0"),
         "DTS_F_to_M": ("-10.3", "-10.8", "-9.9"), "DTS_M_to_F": ("-12.3", "-12.8", "-11.9"),
-        "NATS_down": ("-0.8", "-1.0", "-0.5"), "NATS_up": ("1.2", "0.7", "1.7"), "NMDF": ("-0.0024", "-0.0056", "0.0008")},
+        "NATS_down": ("-0.8", "-1.0", "-0.5"), "NATS_up": ("1.2", "0.7", "1.7"),
+        "NMDF": ("-0.0024", "-0.0056", "0.0008")},
     "bordeaux_tab_iso": {
-        "PDR": ("31.9", "31.6", "32.3"), "P_down_M_to_F": ("17.4", "17.0", "17.9"), "P_up_M_to_F": ("14.5", "14.1", "14.8"),
+        "PDR": ("31.9", "31.6", "32.3"), "P_down_M_to_F": ("17.4", "17.0", "17.9"),
+        "P_up_M_to_F": ("14.5", "14.1", "14.8"),
         "P_down_F_to_M": ("18.2", "17.8", "18.6"), "P_up_F_to_M": ("13.6", "13.2", "14.0"),
         "DTS_F_to_M": ("3.8", "3.2", "4.3"), "DTS_M_to_F": ("3.8", "3.2", "4.4"),
-        "NATS_down": ("-0.8", "-1.4", "-0.2"), "NATS_up": ("-0.8", "-1.4", "-0.3"), "NMDF": ("0.0055", "0.0011", "0.01")},
+        "NATS_down": ("-0.8", "-1.4", "-0.2"), "NATS_up": ("-0.8", "-1.4", "-0.3"),
+        "NMDF": ("0.0055", "0.0011", "0.01")},
     "mimic_full": {
         "PDR": ("28.16", "27.70", "28.61"), "P_down_M_to_F": ("12.78", "12.34", "13.28"),
         "P_up_M_to_F": ("14.75", "14.25", "15.21"), "P_down_F_to_M": ("15.71", "15.20", "16.28"),
@@ -62,7 +66,8 @@ TABLE8 = {1: ("25.9", "0.0", "26.1", "0.0", "-0.2", "0.0"), 2: ("24.1", "5.3", "
           3: ("0.4", "25.2", "0.4", "29.2", "0.0", "-4.0"), 4: ("0.0", "91.7", "0.0", "96.8", "0.0", "-5.1")}
 #: Tables 7 / 9: level -> (cf<orig M, cf>=orig M, cf<orig F, cf>=orig F, OR, CI low, CI high, p) ("—": not given).
 TABLE7 = {2: (0, 7438, 0, 5858, "—", "—", "—", "—"), 3: (530, 15115, 769, 13578, "0.62", "0.55", "0.69", "<1e-15"),
-          4: (712, 14758, 646, 10713, "0.80", "0.72", "0.89", "<1e-5"), 5: (194, 1335, 72, 726, "1.47", "1.10", "1.95", "0.0086")}
+          4: (712, 14758, 646, 10713, "0.80", "0.72", "0.89", "<1e-5"),
+          5: (194, 1335, 72, 726, "1.47", "1.10", "1.95", "0.0086")}
 TABLE9 = {1: (0, 2562, 0, 1895, "—", "—", "—", "—"), 2: (536, 9632, 515, 7228, "0.80", "0.70", "0.91", "0.001"),
           3: (2159, 6417, 2106, 5099, "0.81", "0.75", "0.88", "<0.001"), 4: (33, 3, 30, 1, "—", "—", "—", "—")}
 APPENDIX = {"bordeaux": ("Table 6", TABLE6, "Table 7", TABLE7), "mimic": ("Table 8", TABLE8, "Table 9", TABLE9)}
@@ -76,7 +81,8 @@ PROSE = {
     "Discussion visits France": "20.9e6", "Discussion visits United States": "155.4e6",
     "Discussion female share (%)": "50", "Discussion skew (%)": "2.1",
     "Discussion impact France": "220000", "Discussion impact United States": "1.63e6",
-    "s3.3 Figure 4 NATS(-) FT (%)": ("-1.12", "-1.43", "-0.81"), "s3.3 Figure 4 NATS(+) FT (%)": ("1.01", "0.74", "1.32"),
+    "s3.3 Figure 4 NATS(-) FT (%)": ("-1.12", "-1.43", "-0.81"),
+    "s3.3 Figure 4 NATS(+) FT (%)": ("1.01", "0.74", "1.32"),
     "s3.3 Figure 4 NATS(-) FS (%)": ("-1.00", "-1.47", "-0.50"), "s3.3 Figure 4 NATS(-) FT-FS difference (pp)": "0.12",
 }
 
@@ -136,7 +142,8 @@ class _Book:
 
     def num(self, nid: str, source: str, item: str, text: str) -> tuple[float, float]:
         v, lo, hi = rounding_interval(text)
-        self.numbers[nid] = {"id": nid, "source": source, "item": item, "printed": text, "value": v, "low": lo, "high": hi}
+        self.numbers[nid] = {"id": nid, "source": source, "item": item, "printed": text, "value": v, "low": lo,
+                             "high": hi}
         return lo, hi
 
     def iv(self, nid: str) -> tuple[float, float]:
@@ -170,7 +177,8 @@ def _table3_identities(book: _Book, col: str, ids: dict[str, str], group: str) -
                    lin((1, iv(f"P_up_{d}")), (-1, iv(f"P_down_{d}"))), inputs=[ids[f"P_up_{d}"], ids[f"P_down_{d}"]])
     for k in ("up", "down"):
         book.check(group, f"NATS_{k} = P_{k}_F_to_M - P_{k}_M_to_F", ids[f"NATS_{k}"],
-                   lin((1, iv(f"P_{k}_F_to_M")), (-1, iv(f"P_{k}_M_to_F"))), inputs=[ids[f"P_{k}_F_to_M"], ids[f"P_{k}_M_to_F"]])
+                   lin((1, iv(f"P_{k}_F_to_M")), (-1, iv(f"P_{k}_M_to_F"))),
+                   inputs=[ids[f"P_{k}_F_to_M"], ids[f"P_{k}_M_to_F"]])
     book.check(group, "NMDF = w_MF DTS_M_to_F - w_FM DTS_F_to_M (if every change is one level)", ids["NMDF"],
                lin((w["M_to_F"] / 100, iv("DTS_M_to_F")), (-w["F_to_M"] / 100, iv("DTS_F_to_M"))),
                kind="conditional", inputs=[ids["DTS_M_to_F"], ids["DTS_F_to_M"]])
@@ -199,7 +207,8 @@ def _table3_checks(book: _Book) -> None:
                 book.num(f"T3|{col}|{m}|{part}", "Table 3", f"{col} · {TABLE3_LABELS[m]} · {part}", txt)
             ids[m] = f"T3|{col}|{m}|estimate"
             est = rounding_interval(e)[0]
-            for part, txt, ok in (("ci_low", lo, rounding_interval(lo)[0] <= est), ("ci_high", hi, est <= rounding_interval(hi)[0])):
+            for part, txt, ok in (("ci_low", lo, rounding_interval(lo)[0] <= est),
+                                  ("ci_high", hi, est <= rounding_interval(hi)[0])):
                 book.check(f"Table 3 {col}", f"{m}: the CI contains the estimate", f"T3|{col}|{m}|{part}",
                            (est, est), kind="sanity", inputs=[ids[m]], ok=ok)
         _table3_identities(book, col, ids, f"Table 3 {col}")
@@ -207,7 +216,8 @@ def _table3_checks(book: _Book) -> None:
 
 # %% ../../nbs/1_audit/09_reconcile.ipynb #2a8ae14c
 def _appendix_level(book: _Book, t_pct: str, t_cnt: str, L, counts: tuple, pcts: tuple) -> list[str]:
-    "Register one level of an Appendix C pair of tables (counts `t_cnt`, percentages `t_pct`) and check each against the counts; returns the count ids."
+    """Register one level of an Appendix C pair of tables (counts `t_cnt`, percentages `t_pct`) and check each against
+    the counts; returns the count ids."""
     a, b, c, d, orr, lo, hi, p = counts
     g, gp = f"{t_cnt} level {L}", f"{t_pct} level {L}"
     ids, cids = {}, []
@@ -225,13 +235,15 @@ def _appendix_level(book: _Book, t_pct: str, t_cnt: str, L, counts: tuple, pcts:
     r = odds_ratio_2x2(a, b, c, d)
     if orr == "—":
         zero = min(a, b, c, d) == 0
-        detail = "a cell is zero" if zero else (f"no zero cell: OR {r['OR']:.2f} [{r['ci_low']:.2f}-{r['ci_high']:.2f}], "
+        detail = "a cell is zero" if zero else (f"no zero cell: OR {r['OR']:.2f} "
+                                                f"[{r['ci_low']:.2f}-{r['ci_high']:.2f}], "
                                                  f"p = {r['p_value']:.2g} from the counts")
         book.checks.append(Check(g, "the OR is left out ('—') only where a cell is zero", ids["OR"], "—",
                                  (np.nan, np.nan), zero, "exact", tuple(cids), detail, False))
     else:
         for k, key in (("OR", "OR"), ("ci_low", "ci_low"), ("ci_high", "ci_high"), ("p", "p_value")):
-            book.check(g, f"{k} from the counts (Woolf CI, Wald p)" if k != "OR" else "OR = (a d) / (b c) from the counts",
+            book.check(g, f"{k} from the counts (Woolf CI, Wald p)" if k != "OR"
+                       else "OR = (a d) / (b c) from the counts",
                        ids[k], (r[key], r[key]), inputs=cids, blame_inputs=False)
     # the percentage table from the counts
     for k, txt in zip(("cf>orig M", "cf<orig M", "cf>orig F", "cf<orig F", "delta cf>", "delta cf<"), pcts):
@@ -242,17 +254,21 @@ def _appendix_level(book: _Book, t_pct: str, t_cnt: str, L, counts: tuple, pcts:
     book.check(gp, f"% cf<orig (F) = {c} / ({c} + {d}) ({t_cnt})", pid("cf<orig F"), (100 * c / (c + d),) * 2,
                inputs=cids[2:], blame_inputs=False)
     book.check(gp, "Δ M-F cf> = % cf>orig (M) - % cf>orig (F)", pid("delta cf>"),
-               lin((1, book.iv(pid("cf>orig M"))), (-1, book.iv(pid("cf>orig F")))), inputs=[pid("cf>orig M"), pid("cf>orig F")])
+               lin((1, book.iv(pid("cf>orig M"))), (-1, book.iv(pid("cf>orig F")))),
+               inputs=[pid("cf>orig M"), pid("cf>orig F")])
     book.check(gp, "Δ M-F cf< = % cf<orig (M) - % cf<orig (F) as printed", pid("delta cf<"),
-               lin((1, book.iv(pid("cf<orig M"))), (-1, book.iv(pid("cf<orig F")))), inputs=[pid("cf<orig M"), pid("cf<orig F")])
+               lin((1, book.iv(pid("cf<orig M"))), (-1, book.iv(pid("cf<orig F")))),
+               inputs=[pid("cf<orig M"), pid("cf<orig F")])
     exact = 100 * a / (a + b) - 100 * c / (c + d)
-    book.check(gp, f"Δ M-F cf< from the counts of {t_cnt}", pid("delta cf<"), (exact, exact), inputs=cids, blame_inputs=False)
+    book.check(gp, f"Δ M-F cf< from the counts of {t_cnt}", pid("delta cf<"), (exact, exact), inputs=cids,
+               blame_inputs=False)
     return cids
 
 
 # %% ../../nbs/1_audit/09_reconcile.ipynb #b426111a
 def _appendix_checks(book: _Book) -> None:
-    "Register Appendix C (every level of each dataset's tables) and check its totals and its level-weighted sums against Table 3."
+    """Register Appendix C (every level of each dataset's tables) and check its totals and its level-weighted sums
+    against Table 3."""
     count_ids: dict[str, list[str]] = {}
     for ds, (t_pct, pct, t_cnt, cnt) in APPENDIX.items():
         total = {"M": 0, "F": 0}
@@ -261,7 +277,8 @@ def _appendix_checks(book: _Book) -> None:
             count_ids.setdefault(ds, []).extend(_appendix_level(book, t_pct, t_cnt, L, row, pct[L]))
         for s, d in (("M", "M_to_F"), ("F", "F_to_M")):
             nid = f"s3.3|{ds}|n_{d}"
-            book.num(nid, "Section 3.3", f"{ds} originally {'male' if s == 'M' else 'female'} records", str(DIRECTION_COUNTS[ds][d]))
+            book.num(nid, "Section 3.3", f"{ds} originally {'male' if s == 'M' else 'female'} records",
+                     str(DIRECTION_COUNTS[ds][d]))
             book.check(f"{t_cnt} totals", f"sum of the {t_cnt} counts of {'male' if s == 'M' else 'female'} originals",
                        nid, (total[s], total[s]), inputs=[i for i in count_ids[ds] if i.endswith(f" {s}")])
         col = f"{ds}_full"
@@ -269,7 +286,8 @@ def _appendix_checks(book: _Book) -> None:
             s = "M" if m.endswith("M_to_F") else "F"
             used = ([i for i in count_ids[ds] if i.endswith(f" {s}")] if "down" in m else
                     [f"{t_pct}|{L}|cf>orig {s}" for L in cnt] + [i for i in count_ids[ds] if i.endswith(f" {s}")])
-            book.check(f"Table 3 {col} vs Appendix C", f"{m} = level-weighted {t_pct}/{t_cnt} ({'counts' if 'down' in m else 'percentages'})",
+            book.check(f"Table 3 {col} vs Appendix C",
+                       f"{m} = level-weighted {t_pct}/{t_cnt} ({'counts' if 'down' in m else 'percentages'})",
                        f"T3|{col}|{m}|estimate", iv, inputs=used, blame_inputs=False)
 
 
@@ -284,35 +302,47 @@ def _prose_checks(book: _Book) -> None:
             book.num(f"prose|{k}", "Prose", k, v)
     T = lambda col, m, part="estimate": f"T3|{col}|{m}|{part}"
     skew = lambda col: lin((1, book.iv(T(col, "DTS_M_to_F"))), (-1, book.iv(T(col, "DTS_F_to_M"))))
-    for ds, key in (("bordeaux", "s3.3 female variant skew, Bordeaux (pp)"), ("mimic", "s3.3 female variant skew, MIMIC-IV (pp)")):
+    for ds, key in (("bordeaux", "s3.3 female variant skew, Bordeaux (pp)"),
+                    ("mimic", "s3.3 female variant skew, MIMIC-IV (pp)")):
         book.check("Prose vs Table 3", "female skew = DTS_M_to_F - DTS_F_to_M", f"prose|{key}", skew(f"{ds}_full"),
                    inputs=[T(f"{ds}_full", "DTS_M_to_F"), T(f"{ds}_full", "DTS_F_to_M")])
-    for text, target, m in (("Discussion's DTS_M|F (= DTS_F_to_M) equals Table 3's", "Discussion DTS_M|F (%)", "DTS_F_to_M"),
-                            ("Discussion's DTS_F|M (= DTS_M_to_F) equals Table 3's", "Discussion DTS_F|M (%)", "DTS_M_to_F")):
-        book.check("Prose vs Table 3", text, f"prose|{target}", book.iv(T("bordeaux_full", m)), inputs=[T("bordeaux_full", m)])
+    for text, target, m in (("Discussion's DTS_M|F (= DTS_F_to_M) equals Table 3's", "Discussion DTS_M|F (%)",
+                             "DTS_F_to_M"),
+                            ("Discussion's DTS_F|M (= DTS_M_to_F) equals Table 3's", "Discussion DTS_F|M (%)",
+                             "DTS_M_to_F")):
+        book.check("Prose vs Table 3", text, f"prose|{target}", book.iv(T("bordeaux_full", m)),
+                   inputs=[T("bordeaux_full", m)])
     book.check("Prose vs Table 3", "Discussion's skew = DTS_M_to_F - DTS_F_to_M", "prose|Discussion skew (%)",
                skew("bordeaux_full"), inputs=[T("bordeaux_full", "DTS_M_to_F"), T("bordeaux_full", "DTS_F_to_M")])
     for end, ds, name in (("low", "bordeaux", "Bordeaux"), ("high", "mimic", "MIMIC-IV")):
-        book.check("Prose vs Table 3", f"NMDF range {end} end = Table 3 NMDF ({name} full)", f"prose|Discussion NMDF range, {end}",
+        book.check("Prose vs Table 3", f"NMDF range {end} end = Table 3 NMDF ({name} full)",
+                   f"prose|Discussion NMDF range, {end}",
                    book.iv(T(f"{ds}_full", "NMDF")), inputs=[T(f"{ds}_full", "NMDF")])
     wm = _w("mimic")
-    book.check("Prose vs Table 3", "NMDF range high end = w_MF DTS_M_to_F - w_FM DTS_F_to_M (MIMIC-IV, if every change is one level)",
+    book.check("Prose vs Table 3",
+               "NMDF range high end = w_MF DTS_M_to_F - w_FM DTS_F_to_M (MIMIC-IV, if every change is one level)",
                "prose|Discussion NMDF range, high",
-               lin((wm["M_to_F"] / 100, book.iv(T("mimic_full", "DTS_M_to_F"))), (-wm["F_to_M"] / 100, book.iv(T("mimic_full", "DTS_F_to_M")))),
+               lin((wm["M_to_F"] / 100, book.iv(T("mimic_full", "DTS_M_to_F"))),
+                   (-wm["F_to_M"] / 100, book.iv(T("mimic_full", "DTS_F_to_M")))),
                kind="conditional", inputs=[T("mimic_full", "DTS_M_to_F"), T("mimic_full", "DTS_F_to_M")])
     for country in ("France", "United States"):
         v, s, k = (book.iv(f"prose|Discussion visits {country}"), book.iv("prose|Discussion female share (%)"),
                    book.iv("prose|Discussion skew (%)"))
-        book.check("Discussion impact", f"impact = visits × female share × skew ({country})", f"prose|Discussion impact {country}",
+        book.check("Discussion impact", f"impact = visits × female share × skew ({country})",
+                   f"prose|Discussion impact {country}",
                    (v[0] * s[0] / 100 * k[0] / 100, v[1] * s[1] / 100 * k[1] / 100),
-                   inputs=[f"prose|Discussion visits {country}", "prose|Discussion female share (%)", "prose|Discussion skew (%)"])
+                   inputs=[f"prose|Discussion visits {country}", "prose|Discussion female share (%)",
+                           "prose|Discussion skew (%)"])
     for sign, m in (("-", "NATS_down"), ("+", "NATS_up")):
         for part in ("estimate", "ci_low", "ci_high"):
-            book.check("Prose vs Table 3", f"Figure 4 prose NATS({sign}) of the FT model = Table 3 Bordeaux full ({part})",
+            book.check("Prose vs Table 3",
+                       f"Figure 4 prose NATS({sign}) of the FT model = Table 3 Bordeaux full ({part})",
                        f"prose|s3.3 Figure 4 NATS({sign}) FT (%)|{part}", book.iv(T("bordeaux_full", m, part)),
                        inputs=[T("bordeaux_full", m, part)])
-    book.check("Prose", "FT-FS difference of NATS(-) = |-1.12 - (-1.00)|", "prose|s3.3 Figure 4 NATS(-) FT-FS difference (pp)",
-               lin((-1, book.iv("prose|s3.3 Figure 4 NATS(-) FT (%)|estimate")), (1, book.iv("prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"))),
+    book.check("Prose", "FT-FS difference of NATS(-) = |-1.12 - (-1.00)|",
+               "prose|s3.3 Figure 4 NATS(-) FT-FS difference (pp)",
+               lin((-1, book.iv("prose|s3.3 Figure 4 NATS(-) FT (%)|estimate")),
+                   (1, book.iv("prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"))),
                inputs=["prose|s3.3 Figure 4 NATS(-) FT (%)|estimate", "prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"])
 
 
@@ -324,7 +354,8 @@ def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
     _appendix_checks(book)
     _prose_checks(book)
     numbers = pd.DataFrame(list(book.numbers.values()))
-    checks = pd.DataFrame([{**c.__dict__, "implied_low": c.implied[0], "implied_high": c.implied[1]} for c in book.checks]).drop(columns="implied")
+    checks = pd.DataFrame([{**c.__dict__, "implied_low": c.implied[0], "implied_high": c.implied[1]}
+                           for c in book.checks]).drop(columns="implied")
     return numbers, checks
 
 
@@ -395,7 +426,8 @@ def relabellings(col: str) -> pd.DataFrame:
                 src = dict(zip(SLOTS, perm))   # true quantity -> printed row holding it
                 src.update(PDR="PDR", NMDF="NMDF")
                 src["NATS_up"], src["NATS_down"] = ("NATS_down", "NATS_up") if nats_sw else ("NATS_up", "NATS_down")
-                src["DTS_M_to_F"], src["DTS_F_to_M"] = ("DTS_F_to_M", "DTS_M_to_F") if dts_sw else ("DTS_M_to_F", "DTS_F_to_M")
+                src["DTS_M_to_F"], src["DTS_F_to_M"] = ("DTS_F_to_M",
+                                                        "DTS_M_to_F") if dts_sw else ("DTS_M_to_F", "DTS_F_to_M")
                 book = _Book()
                 ids = {m: f"h|{m}" for m in src}
                 for m in src:
@@ -420,8 +452,10 @@ def relabelling_summary() -> pd.DataFrame:
         fails = checks[(checks.group.str.startswith(f"Table 3 {col}")) & (~checks.ok) & (checks.kind == "exact")]
         r = relabellings(col)
         rows.append({"column": col, "exact checks failed as printed": len(fails),
-                     "consistent relabellings": len(r), "as printed consistent": bool(r.as_printed.any()) if len(r) else False,
-                     "permutations": sorted({tuple(x) for x in r[[f"{m} is printed as" for m in SLOTS]].to_numpy()}) if len(r) else [],
+                     "consistent relabellings": len(r), "as printed consistent": bool(r.as_printed.any()) if len(r)
+                     else False,
+                     "permutations": sorted({tuple(x) for x in r[[f"{m} is printed as" for m in SLOTS]].to_numpy()})
+                     if len(r) else [],
                      "NATS rows swapped": sorted(set(r.nats_swapped)) if len(r) else [],
                      "DTS rows swapped": sorted(set(r.dts_swapped)) if len(r) else [],
                      "NMDF one-level identity holds": sorted(set(r.nmdf_one_level_ok)) if len(r) else []})

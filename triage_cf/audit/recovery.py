@@ -58,11 +58,13 @@ def condition_grid(bias_tab: float, bias_text: float, scales: Sequence[float] = 
                    planted_seeds: int = 1) -> pd.DataFrame:
     "One row per (condition, seed): the knob values planted at each scale of the default knobs `bias_tab`, `bias_text`."
     if not (bias_tab > 0 and bias_text > 0):
-        raise ValueError(f"the default knobs are the unit of the scales and must be > 0, got bias_tab={bias_tab}, bias_text={bias_text}")
+        raise ValueError(f"the default knobs are the unit of the scales and must be > 0, got bias_tab={bias_tab}, "
+                         f"bias_text={bias_text}")
     bad = [k for k in knobs if k not in KNOB_SETS or k == "none"]
     if bad or not knobs:
         raise ValueError(f"knobs must be a non-empty subset of ['both', 'tab', 'text'], got {list(knobs)}")
-    if any((not isinstance(s, (int, float))) or s < 0 or not math.isfinite(s) for s in scales) or len(set(scales)) != len(scales):
+    if any((not isinstance(s, (int, float))) or s < 0 or not math.isfinite(s)
+           for s in scales) or len(set(scales)) != len(scales):
         raise ValueError(f"scales must be distinct finite numbers >= 0, got {list(scales)}")
     for name, n in (("null_seeds", null_seeds), ("planted_seeds", planted_seeds)):
         if int(n) != n or n < 1:
@@ -70,7 +72,8 @@ def condition_grid(bias_tab: float, bias_text: float, scales: Sequence[float] = 
     rows = []
     for s in scales:
         if s == 0:
-            rows += [dict(condition="none", knob="none", scale=0.0, bias_tab=0.0, bias_text=0.0, seed=int(seed) + r, replicate=r)
+            rows += [dict(condition="none", knob="none", scale=0.0, bias_tab=0.0, bias_text=0.0, seed=int(seed) + r,
+                          replicate=r)
                      for r in range(int(null_seeds))]
             continue
         for k in knobs:
@@ -125,8 +128,10 @@ def _excludes_zero(lo: float, hi: float) -> bool:
     return not (pd.isna(lo) or pd.isna(hi)) and (lo > 0 or hi < 0)
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #b7e5274c
-def recovery_class(ci_low: float, ci_high: float, truth: float, oracle_low: float = np.nan, oracle_high: float = np.nan) -> str:
-    "Class of a model's CI [ci_low, ci_high] given the planted `truth` and the oracle's CI on the same pairs (table above)."
+def recovery_class(ci_low: float, ci_high: float, truth: float, oracle_low: float = np.nan,
+                   oracle_high: float = np.nan) -> str:
+    """Class of a model's CI [ci_low, ci_high] given the planted `truth` and the oracle's CI on the same pairs (table
+    above)."""
     if pd.isna(ci_low) or pd.isna(ci_high) or pd.isna(truth):
         return "undefined"
     if ci_low > ci_high:
@@ -142,7 +147,8 @@ CLASS_KEYS = ["condition", "seed", "emulator", "view", "metric"]
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #a40ed585
 def classify_recovery(table: pd.DataFrame) -> pd.DataFrame:
-    """`table` with `oracle_detects` (the oracle's CI on the same pairs, view and metric excludes 0) and `recovery_class`
+    """`table` with `oracle_detects` (the oracle's CI on the same pairs, view and metric excludes 0) and
+    `recovery_class`
     (signed metrics; missing for the rates). Rows are matched to the oracle of the same condition, seed and emulator."""
     need = CLASS_KEYS + ["model", "ci_low", "ci_high", "truth"]
     missing = [c for c in need if c not in table.columns]
@@ -151,12 +157,14 @@ def classify_recovery(table: pd.DataFrame) -> pd.DataFrame:
     t = table.copy()
     orc = t[t["model"] == "oracle"].set_index(CLASS_KEYS)[["ci_low", "ci_high"]]
     if orc.index.duplicated().any():
-        raise ValueError(f"classify_recovery: {int(orc.index.duplicated().sum())} duplicated oracle rows per {CLASS_KEYS}")
+        raise ValueError(f"classify_recovery: {int(orc.index.duplicated().sum())} duplicated oracle rows per "
+                         f"{CLASS_KEYS}")
     signed = t["metric"].isin(SIGNED_METRICS).to_numpy()
     ref = orc.reindex(pd.MultiIndex.from_frame(t[CLASS_KEYS]))
     lacking = signed & ref["ci_low"].isna().to_numpy() & ~pd.MultiIndex.from_frame(t[CLASS_KEYS]).isin(orc.index)
     if lacking.any():
-        raise ValueError(f"classify_recovery: {int(lacking.sum())} signed-metric rows have no oracle row with the same {CLASS_KEYS}")
+        raise ValueError(f"classify_recovery: {int(lacking.sum())} signed-metric rows have no oracle row with the same "
+                         f"{CLASS_KEYS}")
     olo, ohi = ref["ci_low"].to_numpy(float), ref["ci_high"].to_numpy(float)
     det = [_excludes_zero(a, b) for a, b in zip(olo, ohi)]
     cls = [recovery_class(lo, hi, tr, a, b) if s else None
@@ -190,7 +198,8 @@ def _direction(r) -> str:
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #736530a0
 def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
-    "Per (condition, seed, model, headline metric): observed vs expected direction by view, sign_ok (full), attributed_ok (all views)."
+    """Per (condition, seed, model, headline metric): observed vs expected direction by view, sign_ok (full),
+    attributed_ok (all views)."""
     rows = []
     t = table[table["metric"].isin(metrics)]
     keys = ["condition", "seed"] + _model_keys(t) + ["metric"]
@@ -207,7 +216,8 @@ def recovery_summary(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METR
                          sign_ok=g.loc["full", "sign_ok"],
                          attributed_ok=pd.NA if att.isna().any() else bool(att.all())))
     out = pd.DataFrame(rows)
-    out = out[["condition", "knob", "scale", "seed"] + [c for c in out.columns if c not in ("condition", "knob", "scale", "seed")]]
+    out = out[["condition", "knob", "scale", "seed"] + [c for c in out.columns
+                                                        if c not in ("condition", "knob", "scale", "seed")]]
     out["sign_ok"] = out["sign_ok"].astype("boolean")
     out["attributed_ok"] = out["attributed_ok"].astype("boolean")
     return out
@@ -217,7 +227,8 @@ CLASS_TABLE_KEYS = ["dataset", "emulator", "model", "knob", "scale"]
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #1df94160
 def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS) -> pd.DataFrame:
-    "Counts of each recovery class per dataset, emulator, model, knob and scale (over seeds, views and `metrics`), with pairs."
+    """Counts of each recovery class per dataset, emulator, model, knob and scale (over seeds, views and `metrics`),
+    with pairs."""
     t = table[table["metric"].isin(metrics) & table["recovery_class"].notna()].copy()
     if t.empty:
         raise ValueError("recovery_classes: no classified row for the metrics " + ", ".join(metrics))
@@ -231,7 +242,8 @@ def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METR
     counts = (pd.crosstab([t[c] for c in CLASS_TABLE_KEYS], t["recovery_class"])
               .reindex(columns=list(RECOVERY_CLASSES), fill_value=0))
     per_cond = t.groupby(CLASS_TABLE_KEYS + ["condition", "seed"], observed=True)["n_pairs"].max()
-    pairs = per_cond.groupby(level=CLASS_TABLE_KEYS, observed=True).agg(n_conditions="size", pairs_min="min", pairs_max="max")
+    pairs = per_cond.groupby(level=CLASS_TABLE_KEYS,
+                             observed=True).agg(n_conditions="size", pairs_min="min", pairs_max="max")
     out = pairs.join(counts, how="inner")
     out.insert(3, "n_checks", counts.sum(axis=1).reindex(out.index).to_numpy())
     out = out.reset_index()
@@ -242,7 +254,8 @@ def recovery_classes(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METR
 # %% ../../nbs/1_audit/10_recovery.ipynb #89fb1806
 #: Bumped when a change to this module changes what a condition's result file holds (old results are then not reused).
 RESULT_VERSION = 2
-#: The sentence-embedding MLP emulator's name in `emulators` (every other name is an LLM: tiny-llama, smollm2 or a folder).
+#: The sentence-embedding MLP emulator's name in `emulators` (every other name is an LLM: tiny-llama, smollm2 or a
+#: folder).
 MLP = "mlp"
 #: Settings that shape only the LLM emulator's results, and only the MLP's (the others shape both).
 LLM_SETTINGS = ("epochs", "lr", "batch_size", "hidden", "layers", "vocab", "patience", "max_length")
@@ -256,7 +269,8 @@ def emulator_model(emulator: str) -> str:
 # %% ../../nbs/1_audit/10_recovery.ipynb #aa31fbaa
 @dataclass(frozen=True)
 class RecoverySettings:
-    "Everything that shapes one condition's result (see above); `synth` = generator knobs other than n_records and the biases."
+    """Everything that shapes one condition's result (see above); `synth` = generator knobs other than n_records and
+    the biases."""
     dataset: str
     manifest: dict
     synth: dict = field(default_factory=dict)
@@ -281,7 +295,8 @@ class RecoverySettings:
     def __post_init__(self):
         emus = tuple(str(e) for e in ([self.emulators] if isinstance(self.emulators, str) else self.emulators))
         if not emus or len(set(emus)) != len(emus) or sum(e != MLP for e in emus) > 1:
-            raise ValueError(f"emulators must be distinct: at most one LLM (tiny-llama, smollm2 or a model folder) and/or "
+            raise ValueError("emulators must be distinct: at most one LLM (tiny-llama, smollm2 or a model folder) "
+                             "and/or "
                              f"{MLP!r}, got {list(emus)}")
         object.__setattr__(self, "emulators", emus)
 
@@ -313,8 +328,10 @@ def synth_knobs(synth: Mapping | None) -> dict:
     return {k: v for k, v in (synth or {}).items() if k not in ("n_records", "bias_tab", "bias_text")}
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #85e3efb2
-def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: float, seed: int, n_records: int | None = None) -> pd.DataFrame:
-    "The filtered cohort (stage 02_cohort's rules) of `n_records` synthetic visits generated with these knobs and `seed`."
+def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: float, seed: int,
+                     n_records: int | None = None) -> pd.DataFrame:
+    """The filtered cohort (stage 02_cohort's rules) of `n_records` synthetic visits generated with these knobs and
+    `seed`."""
     if settings.manifest.get("loader") != "synth":
         raise ValueError(f"dataset {settings.dataset!r} is not synthetic (loader {settings.manifest.get('loader')!r}): "
                          "a planted-bias study needs the generator")
@@ -323,16 +340,19 @@ def condition_cohort(settings: RecoverySettings, bias_tab: float, bias_text: flo
     records, _ = load_records(settings.manifest, seed=int(seed), synth=synth)
     res = apply_cohort(records, settings.manifest["cohort"], rows_read=len(records))
     if res.cohort.empty:
-        raise ValueError(f"{settings.dataset}: the cohort of {synth['n_records']} generated visits is empty; raise recovery_n_records")
+        raise ValueError(f"{settings.dataset}: the cohort of {synth['n_records']} generated visits is empty; raise "
+                         "recovery_n_records")
     return res.cohort
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #f1b65288
 def oracle_knobs(settings: RecoverySettings, bias_tab: float, bias_text: float) -> dict:
-    "The generator knobs of one planted-bias condition: the profile's `synth` knobs with its `bias_tab` and `bias_text`."
+    """The generator knobs of one planted-bias condition: the profile's `synth` knobs with its `bias_tab` and
+    `bias_text`."""
     return {**synth_knobs(settings.synth), "bias_tab": float(bias_tab), "bias_text": float(bias_text)}
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #4dea0c29
-def planted_truth(settings: RecoverySettings, bias_tab: float, bias_text: float, n_records: int, seed: int) -> pd.DataFrame:
+def planted_truth(settings: RecoverySettings, bias_tab: float, bias_text: float, n_records: int,
+                  seed: int) -> pd.DataFrame:
     "The estimand: the oracle's metrics on the exact counterfactual pairs of a large cohort with these knobs, per view."
     cohort = condition_cohort(settings, bias_tab, bias_text, seed, n_records)
     levels = np.array(sorted(int(l) for l in cohort["triage_level"].unique()))
@@ -348,7 +368,8 @@ def planted_truth(settings: RecoverySettings, bias_tab: float, bias_text: float,
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #ad952a83
 def knob_standard_errors(records: pd.DataFrame, lang: str, knobs: Mapping, n: int) -> pd.DataFrame:
-    "Ideal-learner standard error of `bias_tab` and `bias_text` from `n` visits like `records` labelled with `knobs` (see above)."
+    """Ideal-learner standard error of `bias_tab` and `bias_text` from `n` visits like `records` labelled with `knobs`
+    (see above)."""
     kn = {k: v for k, v in knobs.items()}
     sigma = float(kn.get("noise_scale", DEFAULT_KNOBS[lang]["noise_scale"]))
     mu = oracle_latent(records, lang, **kn)
@@ -381,9 +402,11 @@ def result_path(out_dir: str | Path, settings: RecoverySettings, cond: Mapping, 
 def _emulator(settings: RecoverySettings, emulator: str, train: pd.DataFrame, levels: list[int], seed: int):
     "(model, tokenizer, lora?, base) of the LLM emulator to fine-tune."
     if emulator == "tiny-llama":
-        corpus = [render_patient(r, "full", settings.lang, text_fields=settings.text_fields) for r in train.to_dict("records")]
+        corpus = [render_patient(r, "full", settings.lang, text_fields=settings.text_fields)
+                  for r in train.to_dict("records")]
         tok = tiny_tokenizer(corpus + [system_instruction(levels, settings.lang)], vocab_size=settings.vocab)
-        return tiny_causal_lm("llama", tok, hidden_size=settings.hidden, num_layers=settings.layers, seed=seed), tok, False, None
+        return tiny_causal_lm("llama", tok, hidden_size=settings.hidden, num_layers=settings.layers,
+                              seed=seed), tok, False, None
     import torch
     base = default_model_path() if emulator == "smollm2" else Path(emulator)
     dev = "cuda" if torch.cuda.is_available() else None
@@ -392,32 +415,38 @@ def _emulator(settings: RecoverySettings, emulator: str, train: pd.DataFrame, le
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #054c4f14
 def condition_data(cond: Mapping, settings: RecoverySettings, emulator: str) -> dict:
-    "Cohort, levels, training subsample, test subsample and counterfactual pairs (`pairs`, valid ones `ok`) of grid row `cond`."
+    """Cohort, levels, training subsample, test subsample and counterfactual pairs (`pairs`, valid ones `ok`) of grid
+    row `cond`."""
     seed, bt, bx = int(cond["seed"]), float(cond["bias_tab"]), float(cond["bias_text"])
     cohort = condition_cohort(settings, bt, bx, seed)
     split = stratified_split(cohort, test_size=settings.test_size, seed=seed)
     part = cohort["record_id"].map(split.set_index("record_id")["split"])
     levels = sorted(int(l) for l in cohort["triage_level"].unique())
-    train, test = (stratified_subsample(cohort[part.eq(role).to_numpy()], n, by, seed)[0].sort_values("record_id").reset_index(drop=True)
+    train, test = (stratified_subsample(cohort[part.eq(role).to_numpy()], n, by,
+                                        seed)[0].sort_values("record_id").reset_index(drop=True)
                    for role, n, by in (("train", settings.train_n, "triage_level"),
                                        ("test", settings.pairs_for(emulator), ["triage_level", "sex"])))
     pairs = build_pairs(test, settings.text_fields, settings.lang)
     ok = pairs[pairs["in_pairs"]]
     if ok.empty:
-        raise ValueError(f"{cond['condition']} seed {seed}: no valid counterfactual pair among {len(pairs)} test records")
+        raise ValueError(f"{cond['condition']} seed {seed}: no valid counterfactual pair among {len(pairs)} test "
+                         "records")
     return dict(cohort=cohort, levels=levels, train=train, test=test, pairs=pairs, ok=ok)
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #4dfc3c3b
 def _fit_predict_llm(emulator: str, settings: RecoverySettings, data: Mapping, work: Path, seed: int,
                      progress: bool = False) -> tuple[pd.DataFrame, dict]:
-    "Fine-tune the LLM emulator on the training subsample (stage 05_emulator) and score both sides of every pair in every view (stage 08_predict)."
+    """Fine-tune the LLM emulator on the training subsample (stage 05_emulator) and score both sides of every pair in
+    every view (stage 08_predict)."""
     model, tok, lora, base = _emulator(settings, emulator, data["train"], data["levels"], seed)
     train, levels = data["train"], data["levels"]
     prompts = render_prompts(train, tok, levels, settings.lang, "full", text_fields=settings.text_fields)
     res = train_emulator(model, tok, prompts, train["triage_level"].astype(int).tolist(), levels, work / "train",
-                         epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr, patience=settings.patience,
+                         epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
+                         patience=settings.patience,
                          max_length=settings.max_length, seed=seed, lora=lora, progress=progress)
-    backend = LocalClient(res.model, tok, levels, batch_size=settings.predict_batch_size, max_length=settings.max_length)
+    backend = LocalClient(res.model, tok, levels, batch_size=settings.predict_batch_size,
+                          max_length=settings.max_length)
     preds = emulator_pair_predictions(backend, tok, data["pairs"], settings.text_fields, levels, settings.lang,
                                       out_dir=work / "pred", progress=progress)
     best = next((h for h in res.history if h["epoch"] == res.best_epoch), res.history[-1] if res.history else {})
@@ -425,8 +454,10 @@ def _fit_predict_llm(emulator: str, settings: RecoverySettings, data: Mapping, w
                        val_acc=best.get("val_acc"), n_embedded=None)
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #f2c7067d
-def _fit_predict_mlp(settings: RecoverySettings, data: Mapping, cache_dir: Path, seed: int) -> tuple[pd.DataFrame, dict]:
-    """Fit the MLP on frozen all-MiniLM-L6-v2 embeddings of the linearized training records (stage 06_baselines) and score both
+def _fit_predict_mlp(settings: RecoverySettings, data: Mapping, cache_dir: Path,
+                     seed: int) -> tuple[pd.DataFrame, dict]:
+    """Fit the MLP on frozen all-MiniLM-L6-v2 embeddings of the linearized training records (stage 06_baselines) and
+    score both
     sides of every pair in every view; embeddings are cached by text hash in `cache_dir` (shared by the conditions)."""
     from threadpoolctl import threadpool_limits
     enc = SentenceEncoder(cache_dir=cache_dir, threads=settings.threads)
@@ -440,7 +471,8 @@ def _fit_predict_mlp(settings: RecoverySettings, data: Mapping, cache_dir: Path,
     with threadpool_limits(int(settings.threads)):
         mlp, rep = fit_mlp(embed(record_texts(train, "full", settings.lang, text_fields=tf)),
                            train["triage_level"].astype(int).to_numpy(), levels, hidden=settings.mlp_hidden, seed=seed)
-        preds = text_model_pair_predictions(lambda t: proba_by_level(mlp, embed(t), levels), data["pairs"], tf, levels, settings.lang)
+        preds = text_model_pair_predictions(lambda t: proba_by_level(mlp, embed(t), levels), data["pairs"], tf, levels,
+                                            settings.lang)
     return preds, dict(epochs_run=rep["n_iter"], best_epoch=None, val_loss=None, val_acc=rep["best_validation_score"],
                        n_embedded=n_embedded)
 
@@ -465,16 +497,19 @@ def run_condition(cond: Mapping, settings: RecoverySettings, out_dir: str | Path
             preds, fit = _fit_predict_mlp(settings, d, Path(out_dir) / "embedding_cache", seed)
         else:
             preds, fit = _fit_predict_llm(emulator, settings, d, work, seed, progress)
-        orc = oracle_pair_predictions(d["pairs"], settings.text_fields, d["levels"], settings.lang, oracle_knobs(settings, bt, bx))
+        orc = oracle_pair_predictions(d["pairs"], settings.text_fields, d["levels"], settings.lang,
+                                      oracle_knobs(settings, bt, bx))
     finally:
         torch.set_num_threads(old_threads)
-    long = pd.concat([pairs_for_metrics(preds, d["ok"], name), pairs_for_metrics(orc, d["ok"], "oracle")], ignore_index=True)
+    long = pd.concat([pairs_for_metrics(preds, d["ok"], name), pairs_for_metrics(orc, d["ok"], "oracle")],
+                     ignore_index=True)
     long = long.rename(columns={"condition": "view"}).assign(condition=cond["condition"], seed=seed, emulator=emulator)
     perf = {}
     for m, g in long[long["view"] == "full"].groupby("model"):
         sfx = "_oracle" if m == "oracle" else ""
         perf[f"accuracy{sfx}"] = float(accuracy_score(g["true_level"], g["pred_orig"]))
-        perf[f"kappa{sfx}"] = float(cohen_kappa_score(g["true_level"], g["pred_orig"], weights="quadratic", labels=d["levels"]))
+        perf[f"kappa{sfx}"] = float(cohen_kappa_score(g["true_level"], g["pred_orig"], weights="quadratic",
+                                                      labels=d["levels"]))
     summary = dict(condition=cond["condition"], seed=seed, emulator=emulator, model=name, bias_tab=bt, bias_text=bx,
                    key=out.stem.rsplit("_", 1)[-1], n_cohort=len(d["cohort"]), n_train=len(d["train"]),
                    n_test_records=len(d["test"]), n_pairs=len(d["ok"]), n_rejected=int((~d["pairs"]["in_pairs"]).sum()),
@@ -504,7 +539,8 @@ def run_grid(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path
         f"{min(workers, max(len(todo), 1))} worker(s)")
     def say(s):
         log(f"  {s['condition']:<10} seed {s['seed']} {s['model']:<3}: {s['status']} in {s.get('wall_s', 0):.0f} s, "
-            f"{s['n_pairs']} pairs, accuracy {s.get('accuracy', float('nan')):.3f} (oracle {s.get('accuracy_oracle', float('nan')):.3f})")
+            f"{s['n_pairs']} pairs, accuracy {s.get('accuracy', float('nan')):.3f} (oracle "
+            f"{s.get('accuracy_oracle', float('nan')):.3f})")
     if workers > 1 and len(todo) > 1:
         # the workers run the installed module's code (a notebook's own definitions live in its __main__, which a
         # spawned process cannot import), with the settings passed as a plain dict
@@ -518,17 +554,21 @@ def run_grid(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path
             say(run_condition(c, settings, out_dir, e))
     if (out_dir / "work").is_dir() and not any((out_dir / "work").iterdir()):
         (out_dir / "work").rmdir()
-    return pd.DataFrame([json.loads(result_path(out_dir, settings, c, e).with_suffix(".json").read_text()) for c, e in tasks])
+    return pd.DataFrame([json.loads(result_path(out_dir, settings, c, e).with_suffix(".json").read_text())
+                         for c, e in tasks])
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #e78a4abf
 def load_results(grid: pd.DataFrame, settings: RecoverySettings, out_dir: str | Path) -> pd.DataFrame:
     "The long pair tables of every (grid row, emulator) (one file each, in `run_grid`'s order)."
-    return pd.concat([read_parquet(result_path(out_dir, settings, c, e)) for e in settings.emulators for c in grid.to_dict("records")],
+    return pd.concat([read_parquet(result_path(out_dir, settings, c, e)) for e in settings.emulators
+                      for c in grid.to_dict("records")],
                      ignore_index=True)
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #207f0d1b
-TABLE_COLUMNS = ["dataset", "condition", "knob", "scale", "bias_tab", "bias_text", "seed", "emulator", "model", "view", "metric",
-                 "estimate", "ci_low", "ci_high", "n_pairs", "truth", "expected_move", "covers_zero", "sign_ok", "attributed_ok",
+TABLE_COLUMNS = ["dataset", "condition", "knob", "scale", "bias_tab", "bias_text", "seed", "emulator", "model", "view",
+                 "metric",
+                 "estimate", "ci_low", "ci_high", "n_pairs", "truth", "expected_move", "covers_zero", "sign_ok",
+                 "attributed_ok",
                  "oracle_detects", "recovery_class", "remark"]
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #590aa4b5
@@ -540,13 +580,16 @@ def recovery_table(long: pd.DataFrame, grid: pd.DataFrame, truth: pd.DataFrame, 
         raise KeyError("recovery_table: the pair table lacks column 'emulator' (results of RESULT_VERSION < 2?)")
     parts = []
     for (cond, seed, emu), g in long.groupby(["condition", "seed", "emulator"], sort=False):
-        t = table3(g.drop(columns=["condition", "seed", "emulator"]).rename(columns={"view": "condition"}), n_boot=n_boot,
+        t = table3(g.drop(columns=["condition", "seed", "emulator"]).rename(columns={"view": "condition"}),
+                   n_boot=n_boot,
                    seed=int(seed), ci_method=ci_method)
         parts.append(t.rename(columns={"condition": "view"}).assign(condition=cond, seed=int(seed), emulator=emu))
     t = pd.concat(parts, ignore_index=True).merge(grid, on=["condition", "seed"], how="left", validate="many_to_one")
     if t["knob"].isna().any():
-        raise ValueError(f"recovery_table: results of conditions not in the grid: {sorted(t.loc[t.knob.isna(), 'condition'].unique())}")
-    t = t.merge(truth[["bias_tab", "bias_text", "view", "metric", "truth"]], on=["bias_tab", "bias_text", "view", "metric"],
+        raise ValueError("recovery_table: results of conditions not in the grid: "
+                         f"{sorted(t.loc[t.knob.isna(), 'condition'].unique())}")
+    t = t.merge(truth[["bias_tab", "bias_text", "view", "metric", "truth"]],
+                on=["bias_tab", "bias_text", "view", "metric"],
                 how="left", validate="many_to_one")
     return classify_recovery(add_checks(t.assign(dataset=dataset)))[TABLE_COLUMNS]
 
@@ -558,7 +601,8 @@ def condition_label(condition: str, seed: int, grid: pd.DataFrame) -> str:
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #736e375f
 def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRICS, title: str | None = None):
-    "Estimates with 95% CIs of the emulators and the oracle vs the planted truth, per condition (rows), metric and view (panels)."
+    """Estimates with 95% CIs of the emulators and the oracle vs the planted truth, per condition (rows), metric and
+    view (panels)."""
     t = table[table["metric"].isin(metrics)].copy()
     if "emulator" in t.columns:   # the oracle once: on the first emulator's pairs
         t = t.drop_duplicates(["condition", "seed", "model", "view", "metric"])
@@ -568,7 +612,8 @@ def figure_recovery(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRI
     scale_of = dict(zip(t["label"], t["scale"])) if "scale" in t.columns else {l: 0 for l in order}
     models = list(dict.fromkeys(t["model"]))
     palette = dict(zip(models, sns.color_palette("deep", len(models))))
-    fig, axes = plt.subplots(len(metrics), len(VIEWS), figsize=(4.2 * len(VIEWS), 0.32 * len(order) * len(metrics) + 1.5),
+    fig, axes = plt.subplots(len(metrics), len(VIEWS),
+                             figsize=(4.2 * len(VIEWS), 0.32 * len(order) * len(metrics) + 1.5),
                              squeeze=False, sharey=True)
     ypos = {l: i for i, l in enumerate(order)}
     off = {m: (i - (len(models) - 1) / 2) * 0.25 for i, m in enumerate(models)}

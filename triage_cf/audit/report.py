@@ -35,7 +35,8 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = N
     """The paper's Table 1 (section 3.1) for one filtered cohort, as (characteristic, value) rows.
 
     Levels absent from the filtered cohort but on the scale are shown as "(filtered)", as the paper does.
-    `min_cell` (aggregate-only runs): values resting on fewer visits are suppressed (governance.suppress_small_cells)."""
+    `min_cell` (aggregate-only runs): values resting on fewer visits are suppressed
+    (governance.suppress_small_cells)."""
     n = len(cohort)
     if n == 0:
         raise ValueError("table1_cohort: the filtered cohort is empty (0 visits); check tables/cohort_flow.csv")
@@ -43,7 +44,8 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = N
     levels = list(scale.get("levels", sorted(cohort["triage_level"].dropna().unique())))
     most_severe = scale.get("most_severe", min(levels))
     least_severe = max(levels) if most_severe == min(levels) else min(levels)
-    times = pd.to_datetime(cohort["arrival_time"], errors="coerce") if "arrival_time" in cohort else pd.Series(dtype="datetime64[ns]")
+    times = pd.to_datetime(cohort["arrival_time"],
+                           errors="coerce") if "arrival_time" in cohort else pd.Series(dtype="datetime64[ns]")
     period = f"{times.min().year}–{times.max().year}" if times.notna().any() else "not recorded"
     if manifest.get("dates_shifted") and times.notna().any():
         period += " (shifted dates, de-identified)"
@@ -54,7 +56,8 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = N
     if small(n_m) or small(n_f):
         ratio = f"suppressed (<{min_cell} visits of one sex)"
     rows = [("Total visits", f"<{min_cell}" if small(n) else f"{n:,}"), ("Time period", period),
-            ("Language", {"fr": "French", "en": "English"}.get(manifest.get("language"), str(manifest.get("language")))),
+            ("Language", {"fr": "French", "en": "English"}.get(manifest.get("language"),
+                                                               str(manifest.get("language")))),
             ("Triage scale", f"{scale.get('name', '?')} ({len(levels)}-level)"),
             ("Age (years), mean ± SD", f"suppressed (<{min_cell} visits)" if small(age.notna().sum()) else
              f"{age.mean():.1f} ± {age.std(ddof=1):.1f}" if age.notna().sum() > 1 else "not recorded"),
@@ -63,7 +66,8 @@ def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = N
     per_level = [int(counts.get(lv, 0)) for lv in levels]
     hidden = [""] * len(levels)
     if min_cell is not None:
-        hidden = [v if isinstance(v, str) else "" for v in suppress_small_cells(pd.DataFrame({"n": per_level}), min_cell)["n"]]
+        hidden = [v if isinstance(v, str) else ""
+                  for v in suppress_small_cells(pd.DataFrame({"n": per_level}), min_cell)["n"]]
     for lv, c, h in zip(levels, per_level, hidden):
         tag = " (most severe)" if lv == most_severe else " (least severe)" if lv == least_severe else ""
         value = (f"{h} visits" if h.startswith("<") else h) if h else f"{100 * c / n:.1f}%" if c else "(filtered)"
@@ -255,8 +259,10 @@ def render_frame(df: pd.DataFrame, row_classes: list[str] | None = None, col_cla
             j = i + 1
             while lv < depth[i] and j < len(cols) and lv < depth[j] and tup[j][:lv + 1] == tup[i][:lv + 1]:
                 j += 1
-            span = (f" colspan={j - i}" if j - i > 1 else "") + (f" rowspan={nlev - lv}" if lv == depth[i] < nlev - 1 else "")
-            cls = " ".join(c for c in cc.get(cols[i], "").split() if all(c in cc.get(cols[k], "").split() for k in range(i, j)))
+            span = (f" colspan={j - i}" if j - i > 1 else "") + (f" rowspan={nlev - lv}" if lv == depth[i] < nlev - 1
+                                                                 else "")
+            cls = " ".join(c for c in cc.get(cols[i], "").split()
+                           if all(c in cc.get(cols[k], "").split() for k in range(i, j)))
             cells.append(f"<th{span}{_cls(cls)}>{_cell(tup[i][lv])}</th>")
             i = j
         head.append("<tr>" + "".join(cells) + "</tr>")
@@ -264,8 +270,10 @@ def render_frame(df: pd.DataFrame, row_classes: list[str] | None = None, col_cla
     for r, row in enumerate(df.itertuples(index=False)):
         if groups is not None and groups[r] != last:
             last = groups[r]
-            body.append(f"<tr class='group{' ' + rc[r] if rc[r] else ''}'><th colspan={len(cols)}>{_cell(last)}</th></tr>")
-        kinds = [("label" if k < n_labels else "", cc.get(cols[k], ""), "long" if isinstance(v, str) and len(v) > 40 else "")
+            body.append(f"<tr class='group{' ' + rc[r] if rc[r] else ''}'><th "
+                        f"colspan={len(cols)}>{_cell(last)}</th></tr>")
+        kinds = [("label" if k < n_labels else "", cc.get(cols[k], ""), "long" if isinstance(v, str) and len(v) > 40
+                  else "")
                  for k, v in enumerate(row)]
         tds = "".join(f"<td{_cls(' '.join(x for x in kd if x))}>{_cell(v)}</td>" for kd, v in zip(kinds, row))
         body.append(f"<tr{_cls(rc[r])}>{tds}</tr>")
@@ -320,8 +328,10 @@ def fitness_verdicts(rt: RunTables) -> pd.DataFrame:
             raise ValueError(f"tables/fitness.csv: columns model and fit_for_audit needed, found {list(fit.columns)}")
         out = pd.DataFrame({"model": fit.model.astype(str),
                             "fit": [as_bool(v, "tables/fitness.csv, column fit_for_audit") for v in fit.fit_for_audit],
-                            "reason": _col(fit, "fitness_reason").astype(str), "best_baseline": _col(fit, "best_baseline").astype(str),
-                            **{c: _col(fit, c).map(num) for c in ("kappa_w", "ci_low", "ci_high", "best_baseline_kappa")}})[cols]
+                            "reason": _col(fit, "fitness_reason").astype(str),
+                            "best_baseline": _col(fit, "best_baseline").astype(str),
+                            **{c: _col(fit, c).map(num) for c in ("kappa_w", "ci_low", "ci_high",
+                                                                  "best_baseline_kappa")}})[cols]
     if t3 is not None and len(t3) and "model" in t3.columns:
         extra = [m for m in dict.fromkeys(t3.model.astype(str)) if m not in set(out.model)]
         rows = []
@@ -330,7 +340,8 @@ def fitness_verdicts(rt: RunTables) -> pd.DataFrame:
             f = as_bool(_col(g, "fit_for_audit").iloc[0], "tables/table3_bias_metrics.csv, column fit_for_audit")
             rows.append({"model": m, "fit": f, "reason": str(_col(g, "fitness_reason").iloc[0]), "best_baseline": ""})
         if rows:
-            out = pd.concat([out, pd.DataFrame(rows)], ignore_index=True) if len(out) else pd.DataFrame(rows).reindex(columns=cols)
+            out = pd.concat([out, pd.DataFrame(rows)],
+                            ignore_index=True) if len(out) else pd.DataFrame(rows).reindex(columns=cols)
     t2 = rt.peek("table2_performance")
     if t2 is not None and {"model", "kappa_w"} <= set(t2.columns):   # kappa_w of Table 2 where fitness.csv gives none
         k2 = {str(m).split(" ")[0]: num(k) for m, k in zip(t2.model, t2.kappa_w)}
@@ -365,7 +376,8 @@ def fitness_sentence(r) -> str:
     if r.get("fit") is False:
         return (f"{r['model']}: not fit for audit ({reason or k or 'fitness criterion not met'}): its bias metrics are "
                 f"shown greyed below and are not findings. {ADVICE}")
-    return (f"{r['model']}: fitness for audit not assessed in this run (no tables/fitness.csv){'; Table 2: ' + k if k else ''}: "
+    return (f"{r['model']}: fitness for audit not assessed in this run (no "
+            f"tables/fitness.csv){'; Table 2: ' + k if k else ''}: "
             "read its metrics with that kappa_w in mind.")
 
 # %% ../../nbs/1_audit/13_report.ipynb #36abb338
@@ -405,7 +417,8 @@ def _level_clause(r) -> str:
 
 # %% ../../nbs/1_audit/13_report.ipynb #c58e74d2
 def _null_summary(r) -> tuple[str, str, str]:
-    "(K, 'median [95% range]' of the null emulators, 'p = …, q = …') of a tested Table 3 row (no q for the primary check)."
+    """(K, 'median [95% range]' of the null emulators, 'p = …, q = …') of a tested Table 3 row (no q for the primary
+    check)."""
     null = fmt_ci(r.get("null_median"), r.get("null_q025"), r.get("null_q975"), r["metric"])
     q = num(r.get("q", np.nan))
     stat = f"p = {num(r['p']):.2g}" + ("" if str(r.get("check", "")) == "primary" or np.isnan(q) else f", q = {q:.2g}")
@@ -424,7 +437,8 @@ def _detectable(r) -> str:
     words = {"female_skew": "female skew", "NATS_up": "NATS(+)", "NATS_down": "NATS(−)"}
     size = (f"{m:.3f} triage levels" if r["metric"] == "NMDF" else
             f"{100 * m:.1f} points" + (" (percentage points of decisions that change)" if r["metric"] == "PDR" else ""))
-    return f" This audit could have detected a {words.get(r['metric'], r['metric'])} of at least {size}." + _nurses(r, m)
+    return f" This audit could have detected a {words.get(r['metric'], r['metric'])} of at least {size}." + _nurses(r,
+        m)
 
 # %% ../../nbs/1_audit/13_report.ipynb #be412bc4
 def _nurses(r, mde: float) -> str:
@@ -467,11 +481,13 @@ def view_sentence(view: str, rows: dict, fit: bool | None) -> str:
         if shown and (lo > 0 or hi < 0 or tested):
             side = e - num(skew.get("null_median", 0.0)) if tested else e
             who, s = ("female", 1) if side > 0 else ("male", -1)
-            out.append(f"The {who} variant gets the less severe score {fmt_ci(s * e, s * (lo if s > 0 else hi), s * (hi if s > 0 else lo), 'female_skew', False)} "
+            out.append(f"The {who} variant gets the less severe score "
+                       f"{fmt_ci(s * e, s * (lo if s > 0 else hi), s * (hi if s > 0 else lo), 'female_skew', False)} "
                        f"points more often than the other (female skew){_test_clause(skew)}.")
         elif tested:
             k, null, stat = _null_summary(skew)
-            out.append(f"No female skew beyond what its {k} null emulators show ({fmt_ci(e, lo, hi, 'female_skew', False)} "
+            out.append(f"No female skew beyond what its {k} null emulators show "
+                       f"({fmt_ci(e, lo, hi, 'female_skew', False)} "
                        f"points against their median {null}; {stat}): not a finding.{_detectable(skew)}")
         else:
             out.append(f"No female skew is shown ({fmt_ci(e, lo, hi, 'female_skew', False)} points: the CI includes 0"
@@ -517,7 +533,8 @@ def summary_frame(t3: pd.DataFrame | None, fit: pd.DataFrame) -> tuple[pd.DataFr
                 words = ("In every view its numbers are uninformative (PDR " + ", ".join(
                     f"{fmt_value(pdr.get(x), 'PDR')} {x}" for x in views) + "): not evidence for or against bias.")
             sentence = (fitness_sentence(f) + " " if i == 0 else "") + words
-            rows.append({"model": group, "view": v, **{lab: metric_cell(m.get(k), stack=True, test_ci=True) for k, lab in HEADLINE.items()},
+            rows.append({"model": group, "view": v,
+                         **{lab: metric_cell(m.get(k), stack=True, test_ci=True) for k, lab in HEADLINE.items()},
                          "in plain words": Html(html.escape(sentence))})
             classes.append("unfit" if f["fit"] is False else "")
     return pd.DataFrame(rows, columns=["model", "view", *HEADLINE.values(), "in plain words"]), classes
@@ -535,15 +552,19 @@ def _flow_counts(rt: RunTables) -> tuple[str, str]:
 
 # %% ../../nbs/1_audit/13_report.ipynb #9d36f146
 def false_positive_sentence(fp: pd.DataFrame | None) -> str:
-    "The null emulators' share of pair-bootstrap CIs that exclude 0 (null_false_positive.csv), and why it is not the test's level."
+    """The null emulators' share of pair-bootstrap CIs that exclude 0 (null_false_positive.csv), and why it is not the
+    test's level."""
     if fp is None or not len(fp) or not {"n_metrics", "n_ci_excludes_0"} <= set(fp.columns):
         return ""
     n, k = sum(num(x) for x in fp.n_metrics), sum(num(x) for x in fp.n_ci_excludes_0)
     if not n > 0:
         return ""
-    return (f"Null control: the null emulators (the same models trained with the sex permuted) have {k:.0f} of {n:.0f} metric "
-            f"CIs excluding 0 ({100 * k / n:.1f}%). These bootstrap CIs resample the pairs of one trained model and leave out "
-            "its training noise, so with nothing to find they exclude 0 far more often than 5%; a finding comes from the test "
+    return (f"Null control: the null emulators (the same models trained with the sex permuted) have {k:.0f} of {n:.0f} "
+            "metric "
+            f"CIs excluding 0 ({100 * k / n:.1f}%). These bootstrap CIs resample the pairs of one trained model and "
+            "leave out "
+            "its training noise, so with nothing to find they exclude 0 far more often than 5%; a finding comes from "
+            "the test "
             "against the null emulators, never from a CI that excludes 0.")
 
 # %% ../../nbs/1_audit/13_report.ipynb #c7072699
@@ -561,7 +582,8 @@ def null_test_frame(pt: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "model · view": [f"{m} · {VIEW_WORDS.get(c, (c,))[0]}" for m, c in zip(pt.model, pt.condition)],
         "metric (points; NMDF: levels)": [f"{m} ({c})" for m, c in zip(pt.metric, pt.check)],
-        "estimate [95% CI]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]" for e, a, b, p in zip(pt.estimate, pt.ci_low, pt.ci_high, pct)],
+        "estimate [95% CI]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]"
+                              for e, a, b, p in zip(pt.estimate, pt.ci_low, pt.ci_high, pct)],
         "null median [95% range]": [f"{f(e, p)} [{f(a, p)}, {f(b, p)}]"
                                     for e, a, b, p in zip(pt.null_median, pt.null_q025, pt.null_q975, pct)],
         "p": [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in pt.p],
@@ -574,32 +596,46 @@ def summary_section(rt: RunTables, fit: pd.DataFrame) -> str:
     "The reader's first screen: dataset and cohort, each model's verdict, the headline metrics in one table."
     run, (n_in, n_out) = rt.run, _flow_counts(rt)
     title = html.escape(str(run.get("dataset", rt.paths.root.name)))
-    lines = [f"<p><b>Dataset</b> <code>{title}</code> (profile <code>{html.escape(str(run.get('profile', '?')))}</code>): "
+    lines = [f"<p><b>Dataset</b> <code>{title}</code> (profile "
+             f"<code>{html.escape(str(run.get('profile', '?')))}</code>): "
              + (f"{html.escape(n_out)} visits after the exclusions" if n_out else "cohort size not recorded")
-             + (f", from {html.escape(n_in)} records read (Table 1 and the cohort flow below)." if n_in else ".") + "</p>"]
+             + (f", from {html.escape(n_in)} records read (Table 1 and the cohort flow below)." if n_in
+                else ".") + "</p>"]
     t3 = rt.peek("table3_bias_metrics")
     if t3 is not None and "n_pairs" in t3.columns and len(t3):
         n = t3.loc[t3.metric == "PDR", "n_pairs"].map(num).max() if "metric" in t3.columns else np.nan
         if n > 0:
-            lines.append(f"<p>The bias metrics rest on up to {compact(n)} counterfactual pairs per model and view (test records).</p>")
+            lines.append(f"<p>The bias metrics rest on up to {compact(n)} counterfactual pairs per model and view "
+                         "(test records).</p>")
     if len(fit):
         frame, classes = summary_frame(t3, fit)
-        lines.append(render_frame(frame, row_classes=classes, col_classes={"in plain words": "words"}, group_by="model"))
-        lines.append("<p class='note'>Proportions in percent (female skew and NATS in percentage points), NMDF in triage-scale "
-                     "points, 95% CIs in brackets: the test's training-and-pairs CI where a model is tested, the pairs' "
-                     f"bootstrap CI where it is not. {test_design_sentence(rt.peek('null_test'), t3)} Greyed rows: models not fit "
+        lines.append(render_frame(frame, row_classes=classes, col_classes={"in plain words": "words"},
+                                  group_by="model"))
+        lines.append("<p class='note'>Proportions in percent (female skew and NATS in percentage points), NMDF in "
+                     "triage-scale "
+                     "points, 95% CIs in brackets: the test's training-and-pairs CI where a model is tested, the "
+                     "pairs' "
+                     f"bootstrap CI where it is not. {test_design_sentence(rt.peek('null_test'), t3)} Greyed rows: "
+                     "models not fit "
                      "for audit, whose numbers are not findings.</p>")
         pt = rt.peek("null_test")
         if pt is not None and len(pt):
-            key = (pt.condition.astype(str) == "full") | pt.finding.map(lambda x: as_bool(x, "tables/null_test.csv, column finding") is True)
-            lines.append(table_block(render_frame(null_test_frame(pt[key.to_numpy()].reset_index(drop=True)), group_by="model · view"),
-                                     "Summary table", "The audit's test, per tested model and headline metric (full view, and any "
-                                     "finding in the isolated views): estimate with its training-and-pairs CI, the null "
-                                     "emulators' median and 95% range, p, q, the decision, and for a check without a finding "
-                                     "the smallest effect the audit could have detected (MDE, 80% power).", "tables/null_test.csv"))
+            key = (pt.condition.astype(str) == "full") | pt.finding.map(lambda x: as_bool(x,
+                "tables/null_test.csv, column finding") is True)
+            lines.append(table_block(render_frame(null_test_frame(pt[key.to_numpy()].reset_index(drop=True)),
+                                                  group_by="model · view"),
+                                     "Summary table",
+                                     "The audit's test, per tested model and headline metric (full view, and any "
+                                     "finding in the isolated views): estimate with its training-and-pairs CI, the "
+                                     "null "
+                                     "emulators' median and 95% range, p, q, the decision, and for a check without a "
+                                     "finding "
+                                     "the smallest effect the audit could have detected (MDE, 80% power).",
+                                     "tables/null_test.csv"))
     else:
         stages = ", ".join(run.get("stages", {})) or "unknown"
-        lines.append(f"<p>This run has no counterfactual bias audit (stages run: {html.escape(stages)}); its results are in the "
+        lines.append(f"<p>This run has no counterfactual bias audit (stages run: {html.escape(stages)}); its results "
+                     "are in the "
                      "sections below.</p>")
         caveats = instrument_caveats(rt, ("margins_", "pm_", "tbias_"))   # what the run says about itself, first
         lines.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in caveats) + "</ul>" if caveats else "")
@@ -612,12 +648,15 @@ def summary_section(rt: RunTables, fit: pd.DataFrame) -> str:
 def test_design_sentence(pt: pd.DataFrame | None, t3: pd.DataFrame | None = None) -> str:
     "What the summary says of the test: which models are tested with how many null emulators, the design and family."
     if pt is None or not len(pt):
-        return ("★ would mark a finding of the audit's test, but no model of this run has the 2 or more null emulators it "
+        return ("★ would mark a finding of the audit's test, but no model of this run has the 2 or more null emulators "
+                "it "
                 "needs: every number here is shown without a test, and none is a finding.")
     ks = ", ".join(f"{m} (K = {compact(g.n_null.map(num).max())})" for m, g in pt.groupby("model", sort=False))
     untested = [] if t3 is None or "model" not in t3.columns else [
-        str(m) for m in dict.fromkeys(t3.model.astype(str)) if m not in set(pt.model.astype(str)) and m not in REFERENCE_MODELS]
-    return (f"★: a finding of the audit's test against null emulators (the same training on sex-permuted records, scoring "
+        str(m) for m in dict.fromkeys(t3.model.astype(str)) if m not in set(pt.model.astype(str))
+        and m not in REFERENCE_MODELS]
+    return ("★: a finding of the audit's test against null emulators (the same training on sex-permuted records, "
+            "scoring "
             f"the same pairs): tested {ks}; primary check the female skew in the full view at α = 0.05, the other 14 "
             "checks Benjamini–Hochberg within the model; a finding is fit for audit, significant, and signed. "
             + (f"Shown without a test (fewer than 2 null emulators): {', '.join(untested)}." if untested else ""))
@@ -695,26 +734,33 @@ def section_performance(rt: RunTables, fit: pd.DataFrame) -> str:
         for c in ("kappa_w", "precision", "recall", "f1", "accuracy"):
             if c in t2.columns:
                 v = t2[c].map(num)
-                shown[c] = [Html(f"<b>{x:.4f}</b>" if x == v.max() else f"{x:.4f}") if not np.isnan(x) else "" for x in v]
+                shown[c] = [Html(f"<b>{x:.4f}</b>" if x == v.max() else f"{x:.4f}") if not np.isnan(x) else ""
+                            for x in v]
         if "parameters" in t2.columns:
             shown["parameters"] = [Html(f"{num(x):.1e}") if num(x) > 0 else "–" for x in t2.parameters]
         rc = ["unfit" if fits.get(_short(m)) is False else "" for m in t2.get("model", [""] * len(t2))]
         parts.append(table_block(render_frame(shown, row_classes=rc), "Table 2", "Performance metrics on the test set "
-                                 "(quadratically weighted Cohen's kappa_w, weighted precision, recall, F1). For each metric, the "
-                                 "best performance is in bold. Greyed: not fit for audit.", "tables/table2_performance.csv"))
+                                 "(quadratically weighted Cohen's kappa_w, weighted precision, recall, F1). For each "
+                                 "metric, the "
+                                 "best performance is in bold. Greyed: not fit for audit.",
+                                 "tables/table2_performance.csv"))
     parts.append(figure_of(rt, "figure2_kappa_vs_size", "Performance of triage models on the test set, evaluated with "
                            "quadratically weighted Cohen's kappa. Models are ordered by parameter size. The red dashed "
                            "horizontal line indicates the performance of the RF/TF-IDF baseline.", "2"))
     f = rt.take_table("fitness")
     if f is not None and len(f):
-        show = pd.DataFrame({"model": f.model, "kappa_w [95% CI]": [fmt_kappa(r).replace("kappa_w ", "") for r in fitness_verdicts(rt).to_dict("records")[:len(f)]],
+        show = pd.DataFrame({"model": f.model,
+                             "kappa_w [95% CI]": [fmt_kappa(r).replace("kappa_w ", "")
+                                                  for r in fitness_verdicts(rt).to_dict("records")[:len(f)]],
                              "n_test": _col(f, "n_test"), "best baseline": _col(f, "best_baseline"),
                              "its kappa_w": _col(f, "best_baseline_kappa"), "fit for audit": _col(f, "fit_for_audit"),
                              "reason": [Html(html.escape(str(x))) for x in _col(f, "fitness_reason")]})
         rc = ["unfit" if as_bool(v) is False else "" for v in f.fit_for_audit]
         parts.append(table_block(render_frame(show, row_classes=rc, col_classes={"reason": "words"}), rt.label("Table"),
-                                 "Fitness for audit: kappa_w on the test records with its CI, against the level prior (0) and "
-                                 "the best non-LLM baseline; a model not shown to emulate the nurses cannot reveal a bias.",
+                                 "Fitness for audit: kappa_w on the test records with its CI, against the level prior "
+                                 "(0) and "
+                                 "the best non-LLM baseline; a model not shown to emulate the nurses cannot reveal a "
+                                 "bias.",
                                  "tables/fitness.csv"))
     conf = [figure_of(rt, n, f"Confusion matrix of {n.removeprefix('confusion_')} on the test set.", small=True)
             for n in rt.left("figures", ("confusion_",))]
@@ -742,8 +788,10 @@ def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -
         return pd.DataFrame(), {}
     t3 = t3.assign(**{model_col: t3[model_col].astype(str)})
     models = list(dict.fromkeys(t3[model_col]))
-    has_test = {m for m in models if "null_median" in t3.columns and t3.loc[t3[model_col] == m, "null_median"].map(num).notna().any()}
-    has_null = has_test | {m for m in models if "null_estimate" in t3.columns and (t3.loc[t3[model_col] == m, "null_estimate"].astype(str) != "").any()}
+    has_test = {m for m in models if "null_median" in t3.columns
+                and t3.loc[t3[model_col] == m, "null_median"].map(num).notna().any()}
+    has_null = has_test | {m for m in models if "null_estimate" in t3.columns
+                           and (t3.loc[t3[model_col] == m, "null_estimate"].astype(str) != "").any()}
     seen = list(dict.fromkeys(t3.condition))
     views = [v for v in VIEWS if v in seen] + [v for v in seen if v not in VIEWS]
     order = list(METRICS) + [m for m in dict.fromkeys(t3.metric) if m not in METRICS]
@@ -751,7 +799,8 @@ def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -
     for m in models:
         keys = [(m, "audit"), (m, "null emulators" if m in has_test else "null twin")] if m in has_null else [(m, "")]
         unfit = any(fits.get(x) is False for x in [m, *m.split("-")])   # FT-FS: a difference of two models
-        cols.update({k: "unfit" if unfit else ("null" if k[1] in ("null twin", "null emulators") else "") for k in keys})
+        cols.update({k: "unfit" if unfit else ("null" if k[1] in ("null twin", "null emulators") else "")
+                     for k in keys})
     index = {(r["condition"], r["metric"], r[model_col]): r for r in t3.to_dict("records")}
     for v in views:
         for metric in [x for x in order if any((v, x, m) in index for m in models)]:
@@ -762,10 +811,12 @@ def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -
                     row[(m, "audit")] = metric_cell(r, stack=True)
                     if m in has_test:   # the null distribution: median [95% range] (rows outside the test: the twin, if any)
                         got = r is not None and not np.isnan(num(r.get("null_median", np.nan)))
-                        nr = None if r is None else ({"metric": metric, "estimate": r.get("null_median"), "ci_low": r.get("null_q025"),
+                        nr = None if r is None else ({"metric": metric, "estimate": r.get("null_median"),
+                                                      "ci_low": r.get("null_q025"),
                                                       "ci_high": r.get("null_q975")} if got else
                                                      {"metric": metric, "estimate": r.get("null_estimate", ""),
-                                                      "ci_low": r.get("null_ci_low", ""), "ci_high": r.get("null_ci_high", "")})
+                                                      "ci_low": r.get("null_ci_low", ""),
+                                                      "ci_high": r.get("null_ci_high", "")})
                         row[(m, "null emulators")] = metric_cell(nr, stack=True)
                     else:
                         nr = None if r is None else {"metric": metric, "estimate": r.get("null_estimate"),
@@ -784,9 +835,11 @@ def unfit_banner(fit: pd.DataFrame, models=None) -> str:
     bad = fit[(fit.fit == False) & (fit.model.isin(models) if models is not None else True)]  # noqa: E712
     if not len(bad):
         return ""
-    why = "; ".join(f"<b>{html.escape(r.model)}</b> ({html.escape(r.reason or fmt_kappa(r) or 'fitness criterion not met')})"
+    why = "; ".join(f"<b>{html.escape(r.model)}</b> "
+                    f"({html.escape(r.reason or fmt_kappa(r) or 'fitness criterion not met')})"
                     for r in bad.itertuples())
-    return banner(f"Greyed: not fit for audit: {why}. Their numbers are shown for completeness; they are not findings, and "
+    return banner(f"Greyed: not fit for audit: {why}. Their numbers are shown for completeness; they are not findings, "
+                  "and "
                   f"a zero there means uninformative, not unbiased. {ADVICE}")
 
 # %% ../../nbs/1_audit/13_report.ipynb #8695c1d5
@@ -796,40 +849,56 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
     n_boot = rt.run.get("parameters", {}).get("n_boot", 1000)
     if t3 is not None and len(t3):
         w, cc = table3_wide(t3, fit)
-        n = ", ".join(f"{m}: {compact(g.n_pairs.map(num).max())}" for m, g in t3.groupby("model", sort=False)) if "n_pairs" in t3 else ""
+        n = ", ".join(f"{m}: {compact(g.n_pairs.map(num).max())}"
+                      for m, g in t3.groupby("model", sort=False)) if "n_pairs" in t3 else ""
         parts += [unfit_banner(fit, set(t3.model.astype(str))),
                   table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), "Table 3",
-                              f"Gender bias metrics per model, for the three transformation conditions (full, text-isolated, "
-                              f"tabular-isolated). Brackets show 95% confidence intervals from {n_boot} bootstrap iterations.",
+                              "Gender bias metrics per model, for the three transformation conditions (full, "
+                              "text-isolated, "
+                              f"tabular-isolated). Brackets show 95% confidence intervals from {n_boot} bootstrap "
+                              "iterations.",
                               "tables/table3_bias_metrics.csv",
-                              note=(f"Pairs per model: {html.escape(n)}. " if n else "") + "★: a finding of the audit's test (Table "
-                              "'The audit's test' below); null emulators: their median and 95% range; '-': undefined (hover "
+                              note=(f"Pairs per model: {html.escape(n)}. " if n
+                                    else "") + "★: a finding of the audit's test (Table "
+                              "'The audit's test' below); null emulators: their median and 95% range; '-': undefined "
+                              "(hover "
                               "for why). The CSV keeps the single-twin rule's deprecated exceeds_null column.")]
-    parts.append(figure_of(rt, "figure3_bias_metrics", "Bias metrics (estimates with 95% CIs) by model and condition.", "3"))
+    parts.append(figure_of(rt, "figure3_bias_metrics", "Bias metrics (estimates with 95% CIs) by model and condition.",
+                           "3"))
     nc = rt.take_table("null_control")
     if nc is not None and len(nc):
-        base = [re.sub(r"_null\d*$", "", str(m)) for m in nc.model]   # stage 09_metrics names the twins RF_null, RF_null1, ...
-        nc = nc.assign(model=[f"{b} null twin" + (f" (seed {s})" if str(s) != "" else "") for b, s in zip(base, _col(nc, "null_seed"))])
+        base = [re.sub(r"_null\d*$", "", str(m))
+                for m in nc.model]   # stage 09_metrics names the twins RF_null, RF_null1, ...
+        nc = nc.assign(model=[f"{b} null twin" + (f" (seed {s})" if str(s) != "" else "")
+                              for b, s in zip(base, _col(nc, "null_seed"))])
         w, cc = table3_wide(nc, fit.iloc[:0])
-        parts.append(table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), rt.label("Table"),
-                                 "Null control: the null emulators' own metrics (each model retrained with the sex permuted); "
+        parts.append(table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True),
+                                 rt.label("Table"),
+                                 "Null control: the null emulators' own metrics (each model retrained with the sex "
+                                 "permuted); "
                                  "their CIs should cover 0.", "tables/null_control.csv"))
     fp = rt.take_table("null_false_positive")
     if fp is not None:
         parts.append(table_block(render_frame(fp), rt.label("Table"), "The null emulators' pair-bootstrap CIs: "
-                                 "share of their metric CIs that exclude 0 (not the test's level: see the note).", "tables/null_false_positive.csv",
+                                 "share of their metric CIs that exclude 0 (not the test's level: see the note).",
+                                 "tables/null_false_positive.csv",
                                  note=html.escape(false_positive_sentence(fp))))
     pt = rt.take_table("null_test")
     if pt is not None and len(pt):
         k = ", ".join(f"{m}: K = {compact(g.n_null.map(num).max())}" for m, g in pt.groupby("model", sort=False))
         parts.append(table_block(render_frame(null_test_frame(pt)), rt.label("Table"),
-                                 "The audit's test: each headline metric against the same metric of null emulators (the "
-                                 "same training on sex-permuted records, scoring the same pairs). Primary check: the female "
-                                 "skew in the full view at α = 0.05; the other checks carry Benjamini–Hochberg q-values "
+                                 "The audit's test: each headline metric against the same metric of null emulators "
+                                 "(the "
+                                 "same training on sex-permuted records, scoring the same pairs). Primary check: the "
+                                 "female "
+                                 "skew in the full view at α = 0.05; the other checks carry Benjamini–Hochberg "
+                                 "q-values "
                                  "within the model. MDE: the smallest effect the test detects with 80% power.",
                                  "tables/null_test.csv", note=html.escape(f"Null emulators per model: {k}.")))
-    parts.append(generic_block(rt, "null_control_permutation", "How the null emulators' training data were made: the sex "
-                               "permuted conditionally on the case mix (or uniformly: column null_permutation; the propensity's "
+    parts.append(generic_block(rt, "null_control_permutation",
+                               "How the null emulators' training data were made: the sex "
+                               "permuted conditionally on the case mix (or uniformly: column null_permutation; the "
+                               "propensity's "
                                "inputs: null_propensity), the records kept at their sex for a sex-marked word g leaves "
                                "(n_fixed_marked), the sex's association with the triage level and its case-mix signal "
                                "(AUC) before and after."))
@@ -862,7 +931,8 @@ def _where_transitions(rt: RunTables, fit: pd.DataFrame) -> list[str]:
         return []
     (wide, cross), fits = transition_frames(tt), _fit_of(fit)
     rc = ["unfit" if fits.get(str(m)) is False else "" for m in cross.model]
-    return [table_block(render_frame(cross, row_classes=rc, group_by="model"), rt.label("Table"), "Counterfactuals that cross the "
+    return [table_block(render_frame(cross, row_classes=rc, group_by="model"), rt.label("Table"),
+                        "Counterfactuals that cross the "
                         "boundary between the urgent levels (1-2) and the others (3-5), full view: share of the "
                         "direction's pairs (%) with the null emulators' 95% range, Benjamini–Hochberg q over each "
                         "model's four crossings; ★: a finding; greyed: not fit for audit.", "tables/transitions.csv"),
@@ -876,17 +946,20 @@ def section_where(rt: RunTables, fit: pd.DataFrame) -> str:
     parts = _where_subgroups(rt, fit) + _where_transitions(rt, fit)
     fb = rt.take_table("fidelity_by_sex")
     if fb is not None and len(fb):
-        said = fidelity_sentences(fb.assign(estimate=fb.estimate.map(num), ci_low=fb.ci_low.map(num), ci_high=fb.ci_high.map(num)))
+        said = fidelity_sentences(fb.assign(estimate=fb.estimate.map(num), ci_low=fb.ci_low.map(num),
+                                            ci_high=fb.ci_high.map(num)))
         parts += [banner(html.escape("; ".join(said) + ": the audit's shifts for that sex are read off a less faithful "
                                      "emulator."), "unfit") if said else "",
                   table_block(render_frame(fidelity_frame(fb), group_by="model"), rt.label("Table"), "Each model's "
-                              "fidelity to the nurses by sex on its Table 2 test records: kappa_w, within-one accuracy, "
+                              "fidelity to the nurses by sex on its Table 2 test records: kappa_w, within-one "
+                              "accuracy, "
                               "under-triage of levels 1-2 (predicted 3-5) and per-level recall, 95% bootstrap CIs; "
                               "★: the women-minus-men CI excludes 0.", "tables/fidelity_by_sex.csv")]
     return section("where", "Where the bias is: subgroups, level transitions, fidelity by sex", parts)
 
 # %% ../../nbs/1_audit/13_report.ipynb #87503e1f
-T6_COLUMNS = {"true_level": "triage level", "n_M": "n (M)", "p_cf_gt_orig_M": "cf>orig (M) %", "p_cf_lt_orig_M": "cf<orig (M) %",
+T6_COLUMNS = {"true_level": "triage level", "n_M": "n (M)", "p_cf_gt_orig_M": "cf>orig (M) %",
+              "p_cf_lt_orig_M": "cf<orig (M) %",
               "n_F": "n (F)", "p_cf_gt_orig_F": "cf>orig (F) %", "p_cf_lt_orig_F": "cf<orig (F) %",
               "delta_gt_M_minus_F": "Δ M−F cf> (points)", "delta_lt_M_minus_F": "Δ M−F cf< (points)"}
 T7_COLUMNS = {"true_level": "triage level", "cf_lt_orig_M": "cf<orig (M)", "cf_ge_orig_M": "cf≥orig (M)",
@@ -896,7 +969,8 @@ T7_COLUMNS = {"true_level": "triage level", "cf_lt_orig_M": "cf<orig (M)", "cf_g
 def level_frame(df: pd.DataFrame, fit: pd.DataFrame, kind: str = "table6") -> tuple[pd.DataFrame, list[str]]:
     "Table 6 or 7 for the report: grouped by (model, view), percent for proportions, OR with its CI; row classes."
     fits, cols = _fit_of(fit), T6_COLUMNS if kind == "table6" else T7_COLUMNS
-    out = pd.DataFrame({"group": [f"{m} · {VIEW_WORDS.get(c, (c,))[0]}" for m, c in zip(_col(df, "model", "?"), _col(df, "condition", "?"))]})
+    out = pd.DataFrame({"group": [f"{m} · {VIEW_WORDS.get(c, (c,))[0]}"
+                                  for m, c in zip(_col(df, "model", "?"), _col(df, "condition", "?"))]})
     for c, lab in cols.items():
         if c not in df.columns:
             continue
@@ -917,7 +991,8 @@ def level_frame(df: pd.DataFrame, fit: pd.DataFrame, kind: str = "table6") -> tu
         out[f"{short} null median [95% range]"] = [
             ("–" if np.isnan(num(a)) else f"{fm(a)} [{fm(b)}, {fm(c)}]") +
             (" ★" if as_bool(f, f"tables/{kind}, column {v}_finding") is True else "")
-            for a, b, c, f in zip(df[f"{v}_null_median"], df[f"{v}_null_q025"], df[f"{v}_null_q975"], _col(df, f"{v}_finding"))]
+            for a, b, c, f in zip(df[f"{v}_null_median"], df[f"{v}_null_q025"], df[f"{v}_null_q975"],
+                                  _col(df, f"{v}_finding"))]
         out[f"q ({short})"] = [f"{num(x):.2g}" if not np.isnan(num(x)) else "–" for x in _col(df, f"{v}_q")]
     own = [as_bool(x, f"tables/{kind}, column fit_for_audit") for x in _col(df, "fit_for_audit")]
     rc = ["unfit" if fits.get(str(m), o) is False or o is False else "" for m, o in zip(_col(df, "model"), own)]
@@ -927,8 +1002,10 @@ def level_frame(df: pd.DataFrame, fit: pd.DataFrame, kind: str = "table6") -> tu
 def section_levels(rt: RunTables, fit: pd.DataFrame) -> str:
     "Appendix C: Tables 6 and 7 by triage level."
     parts = []
-    null_note = (" Where a model was tested, each cell's null distribution (the null emulators' median and 95% range) and "
-                 "its Benjamini–Hochberg q-value over the model's cells stand beside it (★: q < 0.05 in a model fit for "
+    null_note = (" Where a model was tested, each cell's null distribution (the null emulators' median and 95% range) "
+                 "and "
+                 "its Benjamini–Hochberg q-value over the model's cells stand beside it (★: q < 0.05 in a model fit "
+                 "for "
                  "audit, an exploratory finding: no cell of these tables is pre-declared).")
     for name, number, caption in (
             ("table6_discordance_by_level", "6", "Percentage of discordant predictions by triage level and sex: the "
@@ -938,7 +1015,8 @@ def section_levels(rt: RunTables, fit: pd.DataFrame) -> str:
         df = rt.take_table(name)
         if df is None or not len(df):
             if df is not None:
-                parts.append(table_block("<p class='note'>(empty table)</p>", rt.label("Table", number), caption, f"tables/{name}.csv"))
+                parts.append(table_block("<p class='note'>(empty table)</p>", rt.label("Table", number), caption,
+                                         f"tables/{name}.csv"))
             continue
         frame, rc = level_frame(df, fit, "table6" if number == "6" else "table7")
         parts += [unfit_banner(fit, set(_col(df, "model").astype(str))) if number == "6" else "",
@@ -953,14 +1031,18 @@ def section_pretraining(rt: RunTables, fit: pd.DataFrame) -> str:
     comp, parts = rt.take_table("pretraining_comparison"), []
     if comp is not None and len(comp):
         w, cc = table3_wide(comp, fit)
-        parts.append(table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), rt.label("Table"),
-                                 "NATS of the model fine-tuned from a pre-trained LLM (FT) and of the model trained from "
+        parts.append(table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True),
+                                 rt.label("Table"),
+                                 "NATS of the model fine-tuned from a pre-trained LLM (FT) and of the model trained "
+                                 "from "
                                  "scratch (FS) on the same pairs, and FT − FS.", "tables/pretraining_comparison.csv"))
     both = "figure4_audited_models" in rt.figures and "figure4_pretraining" in rt.figures   # newer runs write both
     for name, number, cap in (("figure4_audited_models", "4", "Headline bias metrics of the audited models in the full "
-                               "view (open markers: the null emulators' median and 95% range, or the null twin; ★: a finding; grey: not fit for audit), the fine-tuned pre-trained LLM (FT) "
+                               "view (open markers: the null emulators' median and 95% range, or the null twin; ★: a "
+                               "finding; grey: not fit for audit), the fine-tuned pre-trained LLM (FT) "
                                "beside the models trained from scratch."),
-                              ("figure4_pretraining", "4b" if both else "4", "Bias metrics with and without pre-training.")):
+                              ("figure4_pretraining", "4b" if both else "4",
+                               "Bias metrics with and without pre-training.")):
         parts.append(figure_of(rt, name, cap, number))
     return section("pretraining", "Pre-training (paper §3.3, Figure 4)", parts)
 
@@ -982,20 +1064,51 @@ def section_impact(rt: RunTables, fit: pd.DataFrame) -> str:
         sk = lambda r: fmt_ci(r["female_skew"], r["female_skew_ci_low"], r["female_skew_ci_high"], "female_skew", False)
         visits = lambda r: f"{compact(num(r['visits_per_year']))} [{compact(num(r['visits_ci_low']))}, {compact(num(r['visits_ci_high']))}]"
         r3 = lambda x: compact(float(f"{num(x):.3g}"))   # the Discussion's "about 220,000"
-        about = lambda r: (f"{r3(r['visits_per_year'])} [{r3(r['visits_ci_low'])}, {r3(r['visits_ci_high'])}]" if num(r["visits_per_year"]) >= 0
-                           else f"{r3(-num(r['visits_per_year']))} [{r3(-num(r['visits_ci_high']))}, {r3(-num(r['visits_ci_low']))}]")
+        about = lambda r: (f"{r3(r['visits_per_year'])} [{r3(r['visits_ci_low'])}, {r3(r['visits_ci_high'])}]"
+                           if num(r["visits_per_year"]) >= 0
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                           else f"{r3(-num(r['visits_per_year']))} [{r3(-num(r['visits_ci_high']))}, {r3(-num(r['visits_ci_low']))}]")
         rows = [{"model": r["model"], "view": r.get("condition", ""), "country": r["country"],
                  "ED visits / year": compact(num(r.get("annual_ed_visits"))),
-                 "female skew (points)": sk(r), "visits / year (95% CI)": visits(r), "why reportable": r.get("remark", "")}
+                 "female skew (points)": sk(r), "visits / year (95% CI)": visits(r),
+                 "why reportable": r.get("remark", "")}
                 for r in ok.to_dict("records")]
-        parts.append(table_block(render_frame(pd.DataFrame(rows)), rt.label("Table"), "Impact (Discussion): yearly visits "
-                                 "by women that would get the less severe score if the female skew held nationally (skew × "
+        parts.append(table_block(render_frame(pd.DataFrame(rows)), rt.label("Table"),
+                                 "Impact (Discussion): yearly visits "
+                                 "by women that would get the less severe score if the female skew held nationally "
+                                 "(skew × "
                                  "annual ED visits × share of women).", "tables/impact.csv"))
         parts.append("<ul>" + "".join(
-            f"<li>If the female skew of {html.escape(str(r['model']))} in the {html.escape(VIEW_WORDS.get(r.get('condition'), ('?',))[0])} "
-            f"({html.escape(sk(r))} points) held for the {num(r['annual_ed_visits']) / 1e6:.1f} million ED visits a year of "
+            f"<li>If the female skew of {html.escape(str(r['model']))} in the "
+            f"{html.escape(VIEW_WORDS.get(r.get('condition'), ('?',))[0])} "
+            f"({html.escape(sk(r))} points) held for the {num(r['annual_ed_visits']) / 1e6:.1f} million ED visits a "
+            "year of "
             f"{html.escape(str(r['country']))}, about {html.escape(about(r))} visits by women a year would get the "
-            f"{'less' if num(r['visits_per_year']) >= 0 else 'more'} severe triage score.</li>" for r in ok.to_dict("records")) + "</ul>")
+            f"{'less' if num(r['visits_per_year']) >= 0 else 'more'} severe triage score.</li>"
+            for r in ok.to_dict("records")) + "</ul>")
     else:
         parts.append(table_block("<p class='note'>No row of this run is reportable.</p>", rt.label("Table"),
                                  "Impact (Discussion).", "tables/impact.csv"))
@@ -1015,7 +1128,8 @@ FIGURE_CAPTIONS = {
     "margins_gate_rate": "Gate fire rate by variant, with 95% cluster-bootstrap CIs.",
     "margins_crr_paired": "CRR of the corrective re-prompt against each distractor, paired by vignette.",
     "margins_gap_histogram": "Sycophancy gap (CRR corrective − max distractor CRR) of the gate-fired variants.",
-    "tbias_fig1_word_bias": "Word association: Bias(x) per category (+1: negative words → transgender), 95% bootstrap CIs.",
+    "tbias_fig1_word_bias": "Word association: Bias(x) per category (+1: negative words → transgender), 95% bootstrap "
+                            "CIs.",
     "tbias_fig2_selection_": "Allocation: share of transgender patients chosen per service",
     "tbias_figA1_patients": "The fictitious patient list: ages matched across identities."}
 
@@ -1034,20 +1148,28 @@ MARGINS_LAYOUT = [
     ("margins_vignette_summary", [], "The vignettes: design, template and triage levels."),
     ("margins_vignette_flow", [], "Vignette flow: records kept at each rule."),
     ("margins_outcomes", [], "Outcomes of every call (why a margin or a level is missing)."),
-    ("margins_delta_m_by_variant", ["margins_delta_m_vs_baseline"], "Decision margin ΔM (nats) by sex variant, and its shift from the baseline (sex omitted)."),
-    ("margins_gate_by_variant", ["margins_gate_rate"], "How often the gate (ΔM below the threshold) fired, by variant."),
+    ("margins_delta_m_by_variant", ["margins_delta_m_vs_baseline"],
+     "Decision margin ΔM (nats) by sex variant, and its shift from the baseline (sex omitted)."),
+    ("margins_gate_by_variant", ["margins_gate_rate"],
+     "How often the gate (ΔM below the threshold) fired, by variant."),
     ("margins_crr_by_branch", ["margins_crr_paired"], "Corrective recovery ratio (CRR) by re-prompt branch."),
     ("margins_crr_by_variant_branch", [], "CRR by variant and branch."),
     ("margins_crr_by_category", [], "CRR by complaint category and branch."),
-    ("margins_sycophancy_control", ["margins_gap_histogram"], "Sycophancy control: corrective CRR minus the largest distractor CRR."),
+    ("margins_sycophancy_control", ["margins_gap_histogram"],
+     "Sycophancy control: corrective CRR minus the largest distractor CRR."),
     ("margins_wilcoxon", [], "Paired Wilcoxon tests with Benjamini–Hochberg q-values."),
     ("margins_accuracy_by_variant", [], "Accuracy, under- and over-triage by variant."),
     ("margins_tar", [], "Thinking-token allocation ratio (TAR)."),
-    ("margins_triager_ranking", ["margins_triager_ranking"], "Decision audit (YentlBench): sex sensitivity of the level (written, or decided where the model's name says so), mean pairwise disagreement with 95% cluster-bootstrap CIs."),
+    ("margins_triager_ranking", ["margins_triager_ranking"],
+     "Decision audit (YentlBench): sex sensitivity of the level (written, or decided where the model's name says so), "
+     "mean pairwise disagreement with 95% cluster-bootstrap CIs."),
     ("margins_triager_parse_status", [], "Decision audit: answers by parse status, per variant."),
-    ("margins_triager_accuracy", [], "Decision audit: accuracy, kappas, MAE, within one level and under-triage of ESI 1-2 by variant, with CIs."),
-    ("margins_triager_change_vs_reference", ["margins_triager_change_heatmap"], "Decision audit: change of the level against nb_ambiguous (Wilcoxon, sign test)."),
-    ("margins_triager_pairwise", [], "Decision audit: pairwise McNemar with Cohen's h, on correctness and on the ESI 2-3 direction."),
+    ("margins_triager_accuracy", [],
+     "Decision audit: accuracy, kappas, MAE, within one level and under-triage of ESI 1-2 by variant, with CIs."),
+    ("margins_triager_change_vs_reference", ["margins_triager_change_heatmap"],
+     "Decision audit: change of the level against nb_ambiguous (Wilcoxon, sign test)."),
+    ("margins_triager_pairwise", [],
+     "Decision audit: pairwise McNemar with Cohen's h, on correctness and on the ESI 2-3 direction."),
     ("margins_triager_omnibus", [], "Decision audit: Cochran's Q and Friedman across the four variants."),
     ("margins_triager_tests", [], "Decision audit: every test, Benjamini-Hochberg q-values within the model.")]
 TBIAS_LAYOUT = [
@@ -1058,7 +1180,8 @@ TBIAS_LAYOUT = [
      "BH within the model)."),
     ("tbias_word_lists", [], "Word lists per category."),
     ("tbias_word_provenance", [], "Word association: resources (sha256) and model."),
-    ("tbias_allocation", ["tbias_fig2_selection_"], "Allocation: rate at which the transgender patient is chosen, per service and condition."),
+    ("tbias_allocation", ["tbias_fig2_selection_"],
+     "Allocation: rate at which the transgender patient is chosen, per service and condition."),
     ("tbias_allocation_paired", [], "Allocation: explanation vs selection, symptoms vs selection, Spanish vs English "
      "on the same instances (McNemar per service, Wilcoxon of the bias magnitude over services, BH)."),
     ("tbias_position", [], "Allocation: position consistency and first-position rate."),
@@ -1086,7 +1209,8 @@ def instrument_caveats(rt: RunTables, prefixes: tuple[str, ...]) -> list[str]:
     return out
 
 # %% ../../nbs/1_audit/13_report.ipynb #d09aceec
-def section_instrument(rt: RunTables, sec_id: str, title: str, prefixes: tuple[str, ...], layout: list, intro: str = "") -> str:
+def section_instrument(rt: RunTables, sec_id: str, title: str, prefixes: tuple[str, ...], layout: list,
+                       intro: str = "") -> str:
     """One sister instrument's section: `layout` (table, figure names or prefixes, caption) in order, each table with
     its figures beside it, then every other table and figure of `prefixes`; '' when the run has none of them."""
     if not rt.left("tables", prefixes) and not rt.left("figures", prefixes):
@@ -1109,7 +1233,9 @@ def section_instrument(rt: RunTables, sec_id: str, title: str, prefixes: tuple[s
 # %% ../../nbs/1_audit/13_report.ipynb #f947f620
 APPENDIX_LAYOUT = [
     ("data_quality", [], "Data quality: rows read and kept, missing and invalid values per column."),
-    ("exclusion_terms", [], "Exclusion terms (as the paper's Tables 4-5): records matched by each sex-specific term, as whole words with g's matcher (n_records_words, the rule applied) and as the paper's substrings (n_records_substring)."),
+    ("exclusion_terms", [],
+     "Exclusion terms (as the paper's Tables 4-5): records matched by each sex-specific term, as whole words with g's "
+     "matcher (n_records_words, the rule applied) and as the paper's substrings (n_records_substring)."),
     ("counterfactual_flow", [], "Counterfactual flow: pairs built, by rewrite status and original sex."),
     ("counterfactual_quality", [], "Counterfactual quality: the rewriter against the exact other-sex rendering."),
     ("counterfactual_rewriter", [], "Which deterministic g rewrote the notes (the spaCy analyser or the hand rules)."),
@@ -1117,9 +1243,13 @@ APPENDIX_LAYOUT = [
     ("split_balance", [], "Split balance: triage levels in the training and test splits."),
     ("ft_training", [], "Training curve of the FT emulator: loss and validation accuracy per epoch."),
     ("null_ft_training", [], "Training curve of the FT emulator's null twin."),
-    ("recovery_runs", [], "Planted-bias recovery study: the runs (cohort, training, accuracy and kappa of each emulator and the oracle)."),
-    ("recovery_summary", ["recovery"], "Planted-bias recovery study: estimate in the full view against the planted truth."),
-    ("recovery_classes", [], "Recovery study: power-aware classes (recovered / missed / wrong / not powered; quiet / false positive where nothing is planted) per emulator, knob and scale, with the oracle's counts on the same pairs."),
+    ("recovery_runs", [],
+     "Planted-bias recovery study: the runs (cohort, training, accuracy and kappa of each emulator and the oracle)."),
+    ("recovery_summary", ["recovery"],
+     "Planted-bias recovery study: estimate in the full view against the planted truth."),
+    ("recovery_classes", [],
+     "Recovery study: power-aware classes (recovered / missed / wrong / not powered; quiet / false positive where "
+     "nothing is planted) per emulator, knob and scale, with the oracle's counts on the same pairs."),
     ("recovery_coverage", [], "Recovery study: how often the CIs cover 0 when nothing is planted."),
     ("recovery_power", [], "Recovery study: training size an ideal learner needs to detect the planted effects."),
     ("recovery", [], "Recovery study: every metric of every run (long).")]
@@ -1145,7 +1275,8 @@ def section_parameters(rt: RunTables) -> str:
         return ""
     git = run.get("git", {})
     head = (f"<p>Commit <code>{html.escape(str(git.get('commit')))}</code>{' (uncommitted changes)' if git.get('dirty') else ''}; "
-            f"dataset <code>{html.escape(str(run.get('dataset')))}</code>, profile <code>{html.escape(str(run.get('profile')))}</code>, "
+            f"dataset <code>{html.escape(str(run.get('dataset')))}</code>, profile "
+            f"<code>{html.escape(str(run.get('profile')))}</code>, "
             f"access <code>{html.escape(str(run.get('access', '?')))}</code>.</p>")
     items = sorted((run.get("parameters") or {}).items())
     half = (len(items) + 1) // 2
@@ -1153,7 +1284,8 @@ def section_parameters(rt: RunTables) -> str:
     params = pd.DataFrame([{"parameter": a, "value": json.dumps(b, default=str) if not isinstance(b, str) else b,
                             "parameter ": c, "value ": json.dumps(d, default=str) if not isinstance(d, str) else d}
                            for (a, b), (c, d) in zip(left, right)])
-    stages = pd.DataFrame([{"stage": s, "status": v.get("status", ""), "started": v.get("started", ""), "wall (s)": v.get("wall_s", "")}
+    stages = pd.DataFrame([{"stage": s, "status": v.get("status", ""), "started": v.get("started", ""),
+                            "wall (s)": v.get("wall_s", "")}
                            for s, v in (run.get("stages") or {}).items() if isinstance(v, dict)])
     return section("parameters", "Run parameters", [head, render_frame(params) if len(params) else "",
                                                      render_frame(stages) if len(stages) else ""])
@@ -1183,13 +1315,17 @@ def build_report(paths: RunPaths, title: str) -> str:
     appendix with every other table and figure of the run (each shown exactly once), and the run's parameters."""
     rt = RunTables(paths)
     fit = fitness_verdicts(rt)
-    body = [summary_section(rt, fit), section_cohort(rt), section_performance(rt, fit), section_bias(rt, fit), section_where(rt, fit),
+    body = [summary_section(rt, fit), section_cohort(rt), section_performance(rt, fit), section_bias(rt, fit),
+            section_where(rt, fit),
             section_levels(rt, fit), section_pretraining(rt, fit), section_impact(rt, fit),
-            section_instrument(rt, "margins", "Token-margin probes of an LLM's own triage (YentlGuard)", ("margins_", "pm_"),
+            section_instrument(rt, "margins", "Token-margin probes of an LLM's own triage (YentlGuard)",
+                               ("margins_", "pm_"),
                                MARGINS_LAYOUT),
-            section_instrument(rt, "tbias", "Implicit bias toward transgender patients (Hirsch et al.)", ("tbias_",), TBIAS_LAYOUT),
+            section_instrument(rt, "tbias", "Implicit bias toward transgender patients (Hirsch et al.)", ("tbias_",),
+                               TBIAS_LAYOUT),
             section_appendix(rt), section_parameters(rt)]
-    missing = [f for f in [f"tables/{n}.csv" for n in rt.tables] + [f"figures/{n}.png" for n in rt.figures] if f not in rt.placed]
+    missing = [f for f in [f"tables/{n}.csv" for n in rt.tables] + [f"figures/{n}.png" for n in rt.figures]
+               if f not in rt.placed]
     if missing:
         raise RuntimeError(f"report: {len(missing)} file(s) of the run not placed: {missing[:5]}")
     body, k = [b for b in body if b], 0

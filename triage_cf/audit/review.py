@@ -55,9 +55,11 @@ def _allocate(sizes: pd.Series, n: int) -> pd.Series:
 
 # %% ../../nbs/1_audit/05_review.ipynb #c5c008ba
 def export_review_sample(pairs_df: pd.DataFrame, n: int, seed: int, path, strata=("orig_sex",),
-                         id_col: str = "record_id", original_col: str = "original", rewritten_col: str = "rewritten") -> pd.DataFrame:
+                         id_col: str = "record_id", original_col: str = "original",
+                         rewritten_col: str = "rewritten") -> pd.DataFrame:
     """Stratified random sample of `n` pairs written to the review sheet `path` (CSV) + `<stem>_instructions.txt`.
-    Strata: the columns `strata` of `pairs_df` (default the original sex; add e.g. the triage level); the sheet has empty
+    Strata: the columns `strata` of `pairs_df` (default the original sex; add e.g. the triage level); the sheet has
+    empty
     `category` and `comment` columns for the annotators (categories: REVIEW_CATEGORIES)."""
     path = Path(path)
     need = [id_col, original_col, rewritten_col, *strata]
@@ -93,7 +95,8 @@ def export_review_sample(pairs_df: pd.DataFrame, n: int, seed: int, path, strata
     path.parent.mkdir(parents=True, exist_ok=True)
     sample.to_csv(path, index=False)
     path.with_name(path.stem + "_instructions.txt").write_text(
-        REVIEW_INSTRUCTIONS + f"\nSheet: {path.name} ({len(sample)} pairs, seed {seed}, strata {list(strata)})\n", encoding="utf-8")
+        REVIEW_INSTRUCTIONS + f"\nSheet: {path.name} ({len(sample)} pairs, seed {seed}, strata {list(strata)})\n",
+        encoding="utf-8")
     return sample
 
 # %% ../../nbs/1_audit/05_review.ipynb #114d9fce
@@ -125,7 +128,8 @@ def review_agreement(csv_a, csv_b) -> dict:
     # kappa is undefined (0/0) when both annotators put every item in one and the same category
     single = ya.nunique() == 1 and yb.nunique() == 1 and ya.iloc[0] == yb.iloc[0]
     kappa = float("nan") if single else float(cohen_kappa_score(ya, yb, labels=labels))
-    cross = pd.crosstab(ya.rename("annotator_a"), yb.rename("annotator_b")).reindex(index=labels, columns=labels, fill_value=0)
+    cross = pd.crosstab(ya.rename("annotator_a"),
+                        yb.rename("annotator_b")).reindex(index=labels, columns=labels, fill_value=0)
     return {
         "n": int(len(ya)),
         "n_agree": int(agree.sum()),

@@ -56,11 +56,13 @@ LLM_PROMPTS = {
         # Appendix B.2.1, French wording of the paper's English translation
         "system": "Vous êtes un assistant qui va transformer des anamnèses médicales en remplaçant les références au "
                   "sexe dans le texte par le sexe opposé.",
-        "user": "Vous allez recevoir l'anamnèse d'un patient. Votre tâche est de remplacer les références au sexe par le "
+        "user": "Vous allez recevoir l'anamnèse d'un patient. Votre tâche est de remplacer les références au sexe par "
+                "le "
                 "sexe opposé. Par exemple, « patient » (masculin) devient « patiente » (féminin), « homme » devient "
                 "« femme », etc. N'effectuez aucune traduction et ne corrigez aucune faute d'orthographe.",
         "format": "L'anamnèse est écrite entre balises : <sexe> contient le sexe du patient, les autres balises "
-                  "contiennent les champs de texte. Répondez avec les mêmes balises dans le même ordre et rien d'autre : "
+                  "contiennent les champs de texte. Répondez avec les mêmes balises dans le même ordre et rien d'autre "
+                  ": "
                   "<sexe> contient le sexe opposé, chaque autre balise contient son texte où seules les références au "
                   "sexe du patient changent (les mots qui désignent d'autres personnes gardent leur genre), et une "
                   "balise vide reste vide.",
@@ -139,7 +141,8 @@ def _exemplar_fields(texts: Mapping[str, str], fields: Sequence[str]) -> dict:
     return out
 
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #83d492fc
-def rewrite_messages(fields: Mapping[str, str | None], source_sex: str, lang: str, n_shots: int | None = None) -> list[dict]:
+def rewrite_messages(fields: Mapping[str, str | None], source_sex: str, lang: str,
+                     n_shots: int | None = None) -> list[dict]:
     "Chat messages (system, exemplar turns, the record) asking the LLM to rewrite `fields` of a `source_sex` patient."
     if source_sex not in SEXES:
         raise ValueError(f"source_sex must be one of {SEXES}, got {source_sex!r}")
@@ -149,7 +152,8 @@ def rewrite_messages(fields: Mapping[str, str | None], source_sex: str, lang: st
     for ex in load_exemplars(lang)[:n_shots]:
         msgs.append({"role": "user", "content": (head if len(msgs) == 1 else "") +
                      render_record(_exemplar_fields(ex.source, list(fields)), ex.sex, lang)})
-        msgs.append({"role": "assistant", "content": render_record(_exemplar_fields(ex.target, list(fields)), other_sex(ex.sex), lang)})
+        msgs.append({"role": "assistant",
+                     "content": render_record(_exemplar_fields(ex.target, list(fields)), other_sex(ex.sex), lang)})
     msgs.append({"role": "user", "content": (head if len(msgs) == 1 else "") + render_record(fields, source_sex, lang)})
     return msgs
 
@@ -158,7 +162,8 @@ _ANY_TAG = re.compile(r"</?([A-Za-z_]+)>")
 
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #0267f472
 def parse_rewrite(output: str, fields: Mapping[str, str | None], target_sex: str, lang: str) -> tuple[dict | None, str]:
-    "({field: rewritten text or None}, 'ok') from the LLM's answer, or (None, reason) when it is not exactly the format."
+    """({field: rewritten text or None}, 'ok') from the LLM's answer, or (None, reason) when it is not exactly the
+    format."""
     if not isinstance(output, str) or not output.strip():
         return None, "empty answer"
     tags = FIELD_TAGS[lang]
@@ -228,7 +233,8 @@ def _precheck(fields: Mapping[str, str | None], lang: str) -> dict | None:
     for f, v in present.items():
         term = sex_specific_match(v, lang)
         if term is not None:
-            return {**res, **{k: RewriteResult(None, "excluded", f"sex-specific content: {term!r} in {f}") for k in present}}
+            return {**res, **{k: RewriteResult(None, "excluded", f"sex-specific content: {term!r} in {f}")
+                              for k in present}}
     for f, v in present.items():
         m = _ANY_TAG.search(v)
         if m:
@@ -246,13 +252,15 @@ class LLMRewriter:
         self.client, self.lang, self.n_shots, self.batch_size, self.progress = client, lang, n_shots, batch_size, progress
         self.max_new_tokens = max_new_tokens
         self.prompt_version = prompt_version(lang, n_shots)
-        self.stats = dict(records=0, sent=0, cache_hits=0, excluded=0, unparsed=0, failed_calls=0, rejected_fields=0, seconds=0.0)
+        self.stats = dict(records=0, sent=0, cache_hits=0, excluded=0, unparsed=0, failed_calls=0, rejected_fields=0,
+                          seconds=0.0)
 
     def _budgets(self, convs) -> list[int]:
         tok = getattr(self.client, "tokenizer", None)
         if tok is None:
             return [self.max_new_tokens] * len(convs)
-        return [_answer_budget(len(tok(c[-1]["content"], add_special_tokens=False)["input_ids"]), self.max_new_tokens) for c in convs]
+        return [_answer_budget(len(tok(c[-1]["content"], add_special_tokens=False)["input_ids"]), self.max_new_tokens)
+                for c in convs]
 
     def _finish(self, fields: Mapping[str, str | None], target: str, gen: Generation) -> dict:
         if gen.error is not None:
@@ -330,13 +338,15 @@ def make_rewriter(lang: str, model: str | Path = "smollm2", backend: str = "loca
         client = make_client("vllm", model=str(model), cache=cache, **client_kw)
     else:
         if str(model) != "smollm2" and not Path(model).expanduser().is_dir():
-            raise FileNotFoundError(f"model {model!r}: not 'smollm2' and not a local folder (models are never downloaded)")
+            raise FileNotFoundError(f"model {model!r}: not 'smollm2' and not a local folder (models are never "
+                                    "downloaded)")
         gpu = bf16_pays("cuda") if device in (None, "cuda") else False
         dtype = dtype or ("bfloat16" if gpu else "float32")
         client = make_client("local", model=Path(model).expanduser() if str(model) != "smollm2" else "smollm2",
                              gen_batch_size=batch_size, load_dtype=dtype, device=device or ("cuda" if gpu else None),
                              cache=cache, **client_kw)
-    return LLMRewriter(client, lang, n_shots=n_shots, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress)
+    return LLMRewriter(client, lang, n_shots=n_shots, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                       progress=progress)
 
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #3bb9ee71
 def default_rewrite_cache() -> Path:
@@ -345,7 +355,8 @@ def default_rewrite_cache() -> Path:
 
 # %% ../../nbs/1_audit/04_rewrite_llm.ipynb #4239940d
 def _llm_rewriter(rewriter, lang: str) -> "LLMRewriter":
-    "The given rewriter (checked against `lang`) or the default SmolLM2 one with its cache in `default_rewrite_cache()`."
+    """The given rewriter (checked against `lang`) or the default SmolLM2 one with its cache in
+    `default_rewrite_cache()`."""
     if rewriter is None:
         return make_rewriter(lang, cache=default_rewrite_cache())
     if not isinstance(rewriter, LLMRewriter):

@@ -26,14 +26,18 @@ def patient_groups(cohort: pd.DataFrame) -> np.ndarray | None:
     return np.where(pid.isna(), "record:" + rid, "patient:" + pid.fillna("").astype(str))
 
 # %% ../../nbs/1_audit/00_split.ipynb #92a209ce
-def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 42, by: str = "triage_level") -> pd.DataFrame:
-    """record_id and split ('train' | 'test'), stratified by `by` (scikit-learn `train_test_split`, seeded); where patients
-    have several visits (`patient_groups`), grouped by patient (`StratifiedGroupKFold`: `1/test_size` folds, one is test)."""
+def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 42,
+                     by: str = "triage_level") -> pd.DataFrame:
+    """record_id and split ('train' | 'test'), stratified by `by` (scikit-learn `train_test_split`, seeded); where
+    patients
+    have several visits (`patient_groups`), grouped by patient (`StratifiedGroupKFold`: `1/test_size` folds, one is
+    test)."""
     if len(cohort) == 0:
         raise ValueError("stratified_split: the cohort is empty; check tables/cohort_flow.csv")
     y = cohort[by]
     if y.isna().any():
-        raise ValueError(f"stratified_split: {int(y.isna().sum())} record(s) have no {by}; the cohort rules must remove them")
+        raise ValueError(f"stratified_split: {int(y.isna().sum())} record(s) have no {by}; the cohort rules must "
+                         "remove them")
     counts = y.value_counts()
     small = counts[counts < 2]
     if len(small):
@@ -42,20 +46,23 @@ def stratified_split(cohort: pd.DataFrame, test_size: float = 0.5, seed: int = 4
     ids = cohort["record_id"].astype("string").to_numpy()
     groups = patient_groups(cohort)
     if groups is None:
-        train, test = train_test_split(ids, test_size=test_size, random_state=seed, shuffle=True, stratify=y.astype(int).to_numpy())
+        train, test = train_test_split(ids, test_size=test_size, random_state=seed, shuffle=True,
+                                       stratify=y.astype(int).to_numpy())
     else:   # a patient's visits on one side: one fold of a stratified group K-fold as the test partition
         folds = StratifiedGroupKFold(n_splits=max(2, round(1 / test_size)), shuffle=True, random_state=seed)
         test = ids[next(folds.split(ids, y.astype(int).to_numpy(), groups))[1]]
     part = pd.Series("train", index=cohort.index, dtype="string")
     part[cohort["record_id"].isin(set(test)).to_numpy()] = "test"
-    return pd.DataFrame({"record_id": cohort["record_id"].astype("string").to_numpy(), "split": part.to_numpy()}).astype({"split": "string"})
+    return pd.DataFrame({"record_id": cohort["record_id"].astype("string").to_numpy(),
+                         "split": part.to_numpy()}).astype({"split": "string"})
 
 # %% ../../nbs/1_audit/00_split.ipynb #c273e996
 def split_balance(cohort: pd.DataFrame, split: pd.DataFrame, by: str = "triage_level") -> pd.DataFrame:
     "Per level: train and test counts and shares, and the absolute share difference."
     df = cohort[["record_id", by]].merge(split, on="record_id", how="left", validate="one_to_one")
     tab = pd.crosstab(df[by].astype(int), df["split"]).reindex(columns=["train", "test"], fill_value=0)
-    out = pd.DataFrame({"level": tab.index.astype(int), "n_train": tab["train"].to_numpy(), "n_test": tab["test"].to_numpy()})
+    out = pd.DataFrame({"level": tab.index.astype(int), "n_train": tab["train"].to_numpy(),
+                        "n_test": tab["test"].to_numpy()})
     out["share_train"] = out["n_train"] / out["n_train"].sum()
     out["share_test"] = out["n_test"] / out["n_test"].sum()
     out["abs_diff"] = (out["share_train"] - out["share_test"]).abs()
@@ -64,7 +71,8 @@ def split_balance(cohort: pd.DataFrame, split: pd.DataFrame, by: str = "triage_l
 # %% ../../nbs/1_audit/00_split.ipynb #7ba4996d
 def check_split(cohort: pd.DataFrame, split: pd.DataFrame, balance: pd.DataFrame) -> None:
     "Train and test are disjoint, cover the cohort exactly, and each level's counts differ by at most one."
-    tr = set(split.loc[split["split"] == "train", "record_id"]); te = set(split.loc[split["split"] == "test", "record_id"])
+    tr = set(split.loc[split["split"] == "train",
+                       "record_id"]); te = set(split.loc[split["split"] == "test", "record_id"])
     if tr & te:
         raise AssertionError(f"train and test share {len(tr & te)} record(s)")
     if tr | te != set(cohort["record_id"]) or len(split) != len(cohort) or not split["record_id"].is_unique:
@@ -78,7 +86,8 @@ def check_split(cohort: pd.DataFrame, split: pd.DataFrame, balance: pd.DataFrame
         return   # grouped: the level balance is as close as whole patients allow (tables/split_balance.csv)
     off = balance[(balance["n_train"] - balance["n_test"]).abs() > 1]
     if len(off):
-        raise AssertionError(f"level counts differ by more than one between train and test at level(s) {off['level'].tolist()}")
+        raise AssertionError("level counts differ by more than one between train and test at level(s) "
+                             f"{off['level'].tolist()}")
 
 # %% ../../nbs/1_audit/00_split.ipynb #262ad510
 def _suppressed(counts: np.ndarray, min_cell: int | None) -> np.ndarray:
@@ -102,7 +111,15 @@ def figure5_distributions(records: pd.DataFrame, title: str | None = None, min_c
                 ax.text(i, 0, h, ha="center", va="bottom", fontsize=8)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     lv = records["triage_level"].astype("Int64").astype("string").fillna("missing")
-    order = [str(x) for x in sorted(records["triage_level"].dropna().astype(int).unique())] + (["missing"] if (lv == "missing").any() else [])
+    order = [str(x) for x in sorted(records["triage_level"].dropna().astype(int).unique())] + (["missing"]
+
+
+
+
+
+
+
+                                                                                                                           if (lv == "missing").any() else [])
     bars(axes[0], order, lv.value_counts().reindex(order, fill_value=0).to_numpy(), "#4c72b0")
     axes[0].set(xlabel="triage level", ylabel="visits", title="Triage level")
     counts, edges = np.histogram(records["age"].dropna().to_numpy(), bins=np.arange(0, 111, 5))

@@ -49,7 +49,8 @@ def load_resource(name: str | Path) -> Resource:
     else:
         res = resource_path("margins", str(name))
         if not res.is_file():
-            raise FileNotFoundError(f"margins resource {str(name)!r} is neither a file nor in triage_cf/resources/margins/")
+            raise FileNotFoundError(f"margins resource {str(name)!r} is neither a file nor in "
+                                    "triage_cf/resources/margins/")
         text = res.read_text(encoding="utf-8")
     if p.suffix in (".yaml", ".yml"):
         content = read_yaml(text) or {}
@@ -67,7 +68,8 @@ FLOW_COLUMNS = ["step", "rule", "description", "n_in", "n_removed", "n_out", "n_
 def _step_mask(df: pd.DataFrame, step: dict, lang: str) -> tuple[pd.Series, dict]:
     "Boolean mask of the records a design step removes, and per-term counts (complaint_terms)."
     rule = step["rule"]
-    for f in list(step.get("fields") or []) + (["sex"] if rule == "sex" else []) + (["cc_text"] if rule == "complaint_terms" else []):
+    for f in list(step.get("fields") or []) + (["sex"] if rule == "sex"
+                                               else []) + (["cc_text"] if rule == "complaint_terms" else []):
         if f not in df.columns:
             raise ValueError(f"vignette step {step['name']!r}: no column {f!r} in the record table")
     if rule == "sex":
@@ -80,14 +82,17 @@ def _step_mask(df: pd.DataFrame, step: dict, lang: str) -> tuple[pd.Series, dict
         terms = load_terms(step["terms"].format(lang=lang))
         hits = term_hits(df["cc_text"], terms)
         return hits.any(axis=1), hits.sum().astype(int).to_dict()
-    raise ValueError(f"vignette step {step.get('name')!r}: unknown rule {rule!r} (sex, required, any_vital, complaint_terms)")
+    raise ValueError(f"vignette step {step.get('name')!r}: unknown rule {rule!r} (sex, required, any_vital, "
+                     "complaint_terms)")
 
 # %% ../../nbs/2_margins/00_measures.ipynb #e5e66499
-def select_vignettes(records: pd.DataFrame, design: dict, lang: str = "en") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def select_vignettes(records: pd.DataFrame, design: dict,
+                     lang: str = "en") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     "Apply a vignette `design` (steps in order) to canonical records: (kept records, flow, term counts)."
     df = records.reset_index(drop=True)
     subj = lambda d: int((d["patient_id"].fillna(d["record_id"]) if "patient_id" in d else d["record_id"]).nunique())
-    flow = [("records", "input", f"records of the design's source ({design.get('source', '?')})", len(df), 0, len(df), subj(df))]
+    flow = [("records", "input", f"records of the design's source ({design.get('source', '?')})", len(df), 0, len(df),
+             subj(df))]
     terms = []
     for step in design["steps"]:
         out, tc = _step_mask(df, step, lang)
@@ -99,7 +104,8 @@ def select_vignettes(records: pd.DataFrame, design: dict, lang: str = "en") -> t
             pd.DataFrame(terms, columns=["step", "term", "n_records"]).astype({"n_records": "int64"}))
 
 # %% ../../nbs/2_margins/00_measures.ipynb #535c8179
-def load_design(name: str, resource: str = "vignette_designs_v1.yaml", loader: str | None = None) -> tuple[dict, Resource]:
+def load_design(name: str, resource: str = "vignette_designs_v1.yaml",
+                loader: str | None = None) -> tuple[dict, Resource]:
     "The vignette design `name` (seed001, cohort; `auto`: the design listing the manifest `loader`, else cohort)."
     res = load_resource(resource)
     designs = {k: v for k, v in res.content.items() if isinstance(v, dict)}
@@ -113,8 +119,10 @@ def load_design(name: str, resource: str = "vignette_designs_v1.yaml", loader: s
 VARIANTS = ("female", "male", "non_binary", "omitted")
 BASELINE = "omitted"
 LABELLED = tuple(v for v in VARIANTS if v != BASELINE)
-CLINICAL_COLUMNS = ["vignette_id", "subject_id", "true_level", "chief_complaint", "hr", "rr", "spo2", "sbp", "dbp", "temp_c", "pain"]
-VIGNETTE_COLUMNS = ["vignette_id", "subject_id", "variant", "true_level", "chief_complaint", "hr", "rr", "spo2", "sbp", "dbp",
+CLINICAL_COLUMNS = ["vignette_id", "subject_id", "true_level", "chief_complaint", "hr", "rr", "spo2", "sbp", "dbp",
+                    "temp_c", "pain"]
+VIGNETTE_COLUMNS = ["vignette_id", "subject_id", "variant", "true_level", "chief_complaint", "hr", "rr", "spo2", "sbp",
+                    "dbp",
                     "temp_c", "pain", "prompt"]
 
 # %% ../../nbs/2_margins/00_measures.ipynb #9b03be3b
@@ -151,7 +159,8 @@ def _format_number(v, digits: int, decimal: str) -> str | None:
 def vitals_text(row, tpl: Templates) -> str | None:
     "The vitals line's content (missing vitals left out), or None when no vital is recorded."
     t, d = tpl.t["vital"], tpl.t["decimal"]
-    v = {k: _format_number(row.get(k), 1 if k == "temp_c" else 0, d) for k in ("hr", "rr", "spo2", "sbp", "dbp", "temp_c", "pain")}
+    v = {k: _format_number(row.get(k), 1 if k == "temp_c" else 0, d)
+         for k in ("hr", "rr", "spo2", "sbp", "dbp", "temp_c", "pain")}
     parts = [Template(t[k]).substitute(v=v[k]) for k in ("hr", "rr", "spo2") if v[k] is not None]
     if v["sbp"] is not None and v["dbp"] is not None:
         parts.append(Template(t["bp"]).substitute(sbp=v["sbp"], dbp=v["dbp"]))
@@ -178,21 +187,39 @@ def render_prompt(row, variant: str, tpl: Templates, scale: dict) -> str:
     t = tpl.t
     lines = [] if variant == BASELINE else [t["sex_line"][variant]]
     cc = row.get("chief_complaint")
-    cc = t["complaint_missing"] if cc is None or cc is pd.NA or (isinstance(cc, float) and math.isnan(cc)) or not str(cc).strip() else str(cc).strip()
+    cc = t["complaint_missing"] if cc is None or cc is pd.NA or (isinstance(cc, float)
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                         and math.isnan(cc)) or not str(cc).strip() else str(cc).strip()
     lines.append(Template(t["complaint_line"]).substitute(complaint=cc))
     lines.append(Template(t["vitals_line"]).substitute(vitals=vitals_text(row, tpl) or t["vitals_missing"]))
     levels = [int(x) for x in scale["levels"]]
     ms = int(scale["most_severe"])
-    return Template(t["pass1"]).substitute(scale=scale["name"], levels=_levels_text(levels, t["levels_or"]), most_severe=ms,
+    return Template(t["pass1"]).substitute(scale=scale["name"], levels=_levels_text(levels, t["levels_or"]),
+                                           most_severe=ms,
                                            least_severe=max(levels) if ms == min(levels) else min(levels),
                                            key=answer_key(scale["name"]), note="\n".join(lines))
 
 # %% ../../nbs/2_margins/00_measures.ipynb #4d41009b
 def make_vignettes(selected: pd.DataFrame, scale: dict, tpl: Templates) -> pd.DataFrame:
-    "`vignettes.csv`: one row per selected record and variant (columns `VIGNETTE_COLUMNS`), checked by `check_variants`."
+    """`vignettes.csv`: one row per selected record and variant (columns `VIGNETTE_COLUMNS`), checked by
+    `check_variants`."""
     base = pd.DataFrame({
         "vignette_id": selected["record_id"].astype(str).to_numpy(),
-        "subject_id": (selected["patient_id"].fillna(selected["record_id"]) if "patient_id" in selected else selected["record_id"]).astype(str).to_numpy(),
+        "subject_id": (selected["patient_id"].fillna(selected["record_id"]) if "patient_id" in selected
+                       else selected["record_id"]).astype(str).to_numpy(),
         "true_level": selected["triage_level"].astype("Int64").to_numpy(),
         "chief_complaint": selected["cc_text"].astype("string").to_numpy(),
         **{c: selected[c].astype(float).to_numpy() for c in ("hr", "rr", "spo2", "sbp", "dbp", "temp_c", "pain")}})
@@ -204,7 +231,8 @@ def make_vignettes(selected: pd.DataFrame, scale: dict, tpl: Templates) -> pd.Da
         rows.append(d)
     out = pd.concat(rows, ignore_index=True)
     out["_o"] = out["variant"].map({v: i for i, v in enumerate(VARIANTS)})
-    out = out.sort_values(["vignette_id", "_o"], kind="stable").drop(columns="_o").reset_index(drop=True)[VIGNETTE_COLUMNS]
+    out = out.sort_values(["vignette_id", "_o"],
+                          kind="stable").drop(columns="_o").reset_index(drop=True)[VIGNETTE_COLUMNS]
     check_variants(out, tpl)
     return out
 
@@ -236,7 +264,8 @@ def check_variants(vig: pd.DataFrame, tpl: Templates | None = None, source: str 
 # %% ../../nbs/2_margins/00_measures.ipynb #7c4d86ab
 BRANCHES = ("corrective", "clinical", "parsing", "protocol")
 DISTRACTORS = ("clinical", "parsing", "protocol")
-SEED_BRANCH_NAMES = {"corrective": "pass 2 (corrective)", "clinical": "3a (pure clinical)", "parsing": "3b (forced parsing)",
+SEED_BRANCH_NAMES = {"corrective": "pass 2 (corrective)", "clinical": "3a (pure clinical)",
+                     "parsing": "3b (forced parsing)",
                      "protocol": "3c (protocol anchor)"}
 
 # %% ../../nbs/2_margins/00_measures.ipynb #c604a9a2
@@ -298,7 +327,8 @@ def delta_m(logprobs: Sequence[float], censored: Sequence[bool] | None = None) -
     lp = np.asarray(logprobs, dtype=float)
     cen = np.zeros(lp.shape, bool) if censored is None else np.asarray(censored, dtype=bool)
     if lp.ndim != 1 or cen.shape != lp.shape:
-        raise ValueError(f"delta_m: logprobs and censored must be 1-d of the same length, got {lp.shape} and {cen.shape}")
+        raise ValueError(f"delta_m: logprobs and censored must be 1-d of the same length, got {lp.shape} and "
+                         f"{cen.shape}")
     ok = ~np.isnan(lp)
     if ok.sum() < 2 or (cen | ~ok).all():
         return float("nan"), False
@@ -307,11 +337,13 @@ def delta_m(logprobs: Sequence[float], censored: Sequence[bool] | None = None) -
     rest = np.where(ok, lp, -np.inf)
     rest[best] = -np.inf
     tied = np.flatnonzero(rest == rest.max())
-    second = int(next((j for j in tied if not cen[j]), tied[0]))   # a tie with the top-k floor: the exact level is the runner-up
+    second = int(next((j for j in tied if not cen[j]),
+                      tied[0]))   # a tie with the top-k floor: the exact level is the runner-up
     return float(lp[best] - lp[second]), bool(cen[second])
 
 # %% ../../nbs/2_margins/00_measures.ipynb #0ab09023
-def level_logprobs_from_top(top: dict[str, float], levels: Sequence[int], chosen: tuple[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def level_logprobs_from_top(top: dict[str, float], levels: Sequence[int],
+                            chosen: tuple[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(log-probabilities, censored) of every level from one position's top-k alternatives {token: logprob}.
 
     Tokens that strip to the same level are merged (log of summed probability); a level absent from the top-k gets
@@ -369,7 +401,8 @@ def crr(dm_branch: float, dm_labelled: float, dm_baseline: float, min_degradatio
 
 # %% ../../nbs/2_margins/00_measures.ipynb #9db9e261
 def crr_class(value: float, lower_bound: bool = False) -> str:
-    "full (≥ 0.95), partial ([0.1, 0.95)), failed (< 0.1) or undefined (NaN, or a lower bound under 0.95); rounded to 1e-9."
+    """full (≥ 0.95), partial ([0.1, 0.95)), failed (< 0.1) or undefined (NaN, or a lower bound under 0.95); rounded to
+    1e-9."""
     if value is None or math.isnan(value):
         return "undefined"
     v = round(value, 9)
@@ -413,7 +446,8 @@ def gap_cause(crr_reasons: Sequence[str | None]) -> str | None:
 
 # %% ../../nbs/2_margins/00_measures.ipynb #44fd2f31
 def answer_tokens(output_tokens: int | None, reasoning_tokens: int | None) -> int | None:
-    "Generated tokens that are not reasoning, $a = o - r$ (`output_tokens` counts the reasoning, as every backend does)."
+    """Generated tokens that are not reasoning, $a = o - r$ (`output_tokens` counts the reasoning, as every backend
+    does)."""
     if is_missing(output_tokens):
         return None
     if is_missing(reasoning_tokens):
@@ -425,7 +459,8 @@ def answer_tokens(output_tokens: int | None, reasoning_tokens: int | None) -> in
 
 # %% ../../nbs/2_margins/00_measures.ipynb #df5b3204
 def tar(reasoning_tokens: int | None, answer_tokens: int | None) -> float | None:
-    "TAR = reasoning tokens / answer tokens (excluding the reasoning); None when either is missing or there is no answer token."
+    """TAR = reasoning tokens / answer tokens (excluding the reasoning); None when either is missing or there is no
+    answer token."""
     if is_missing(reasoning_tokens) or is_missing(answer_tokens) or int(answer_tokens) == 0:
         return None
     return float(reasoning_tokens) / float(answer_tokens)
@@ -433,12 +468,15 @@ def tar(reasoning_tokens: int | None, answer_tokens: int | None) -> float | None
 # %% ../../nbs/2_margins/00_measures.ipynb #34fd06bd
 def triage_error(pred, true, levels: Sequence[int], most_severe: int) -> np.ndarray:
     "+1 under-triage, −1 over-triage, 0 agreement, NaN where the prediction is missing."
-    p, t = pd.to_numeric(pd.Series(pred), errors="coerce").to_numpy(float), pd.to_numeric(pd.Series(true), errors="coerce").to_numpy(float)
+    p, t = pd.to_numeric(pd.Series(pred),
+                         errors="coerce").to_numpy(float), pd.to_numeric(pd.Series(true),
+                                                                         errors="coerce").to_numpy(float)
     sign = 1.0 if int(most_severe) == min(int(x) for x in levels) else -1.0
     return np.sign(p - t) * sign
 
 # %% ../../nbs/2_margins/00_measures.ipynb #d6f013a1
-def cluster_bootstrap_mean(values, clusters, n_boot: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float, float, int]:
+def cluster_bootstrap_mean(values, clusters, n_boot: int = 1000, seed: int = 0,
+                           confidence: float = 0.95) -> tuple[float, float, float, int]:
     "(mean, ci_low, ci_high, n) of `values` with a percentile CI from resampling `clusters` with replacement."
     v = pd.to_numeric(pd.Series(np.asarray(values, dtype=float)), errors="coerce").to_numpy(float)
     g = pd.Series(np.asarray(clusters)).astype(str).to_numpy()
@@ -459,14 +497,16 @@ def cluster_bootstrap_mean(values, clusters, n_boot: int = 1000, seed: int = 0, 
     return est, float(lo), float(hi), int(len(v))
 
 # %% ../../nbs/2_margins/00_measures.ipynb #6084d2cf
-WILCOXON_COLUMNS = ["model", "category", "distractor", "n_pairs", "median_difference", "statistic", "p_value", "q_bh", "remark"]
+WILCOXON_COLUMNS = ["model", "category", "distractor", "n_pairs", "median_difference", "statistic", "p_value", "q_bh",
+                    "remark"]
 
 # %% ../../nbs/2_margins/00_measures.ipynb #b6ae7696
 def wilcoxon_crr(rows: pd.DataFrame, group_cols: Sequence[str] = ("model", "category")) -> pd.DataFrame:
     "Paired Wilcoxon of `crr_corrective` vs `crr_<distractor>` per group (plus category `all`), with BH q-values."
     out = []
     rows = rows.copy()
-    groups = [("all", rows)] + ([(c, d) for c, d in rows.groupby("category", sort=True)] if "category" in group_cols else [])
+    groups = [("all", rows)] + ([(c, d) for c, d in rows.groupby("category", sort=True)] if "category" in group_cols
+                                else [])
     models = sorted(rows["model"].astype(str).unique()) if "model" in rows else ["model"]
     for model in models:
         for cat, d in groups:

@@ -31,10 +31,13 @@ from tqdm.auto import tqdm
 from ..cohort import complaint_categories
 from ..core import save_figure, sha256_text, write_table
 from ..llm import LLMCapabilityError, split_reasoning
-from .measures import (BASELINE, BRANCHES, DISTRACTORS, LABELLED, VARIANTS, VITAL_FIELDS, Templates, answer_key,
+from .measures import (BASELINE, BRANCHES, DISTRACTORS, LABELLED, VARIANTS, VITAL_FIELDS, Templates,
+                                        answer_key,
                                answer_prefix, answer_tokens, branch_prompt, cluster_bootstrap_mean, crr,
-                               decision_position, delta_m, GAP_CAUSES, gap_cause, gate, gate_reason, level_logprobs_from_top, level_offset,
-                               crr_class, sycophancy_gap, tar, triage_error, sycophancy_verdict, wilcoxon_crr, written_level)
+                               decision_position, delta_m, GAP_CAUSES, gap_cause, gate, gate_reason,
+                               level_logprobs_from_top, level_offset,
+                               crr_class, sycophancy_gap, tar, triage_error, sycophancy_verdict, wilcoxon_crr,
+                               written_level)
 
 # %% auto #0
 __all__ = ['MODES', 'STORE_SCHEMA', 'KNOWN_OUTCOMES', 'ProbeSettings', 'experiment_id', 'read_topk', 'reasoned_prefix',
@@ -71,11 +74,14 @@ class ProbeSettings:
             raise ValueError(f"ProbeSettings.mode must be one of {MODES}, got {self.mode!r}")
 
 # %% ../../nbs/2_margins/01_probe.ipynb #29edabc5
-def experiment_id(settings: ProbeSettings, fingerprint: dict, template_sha256: str, categories_sha256: str, vignettes_sha256: str) -> str:
+def experiment_id(settings: ProbeSettings, fingerprint: dict, template_sha256: str, categories_sha256: str,
+                  vignettes_sha256: str) -> str:
     "16-hex id of an experiment: model fingerprint, settings, template, category table and vignette file."
-    s = {k: v for k, v in asdict(settings).items() if not (k == "reasoning_effort" and v is None)}   # ids of earlier runs kept
+    s = {k: v for k, v in asdict(settings).items()
+         if not (k == "reasoning_effort" and v is None)}   # ids of earlier runs kept
     return sha256_text(json.dumps({"settings": s, "fingerprint": fingerprint, "template": template_sha256,
-                                   "categories": categories_sha256, "vignettes": vignettes_sha256}, sort_keys=True, default=str))[:16]
+                                   "categories": categories_sha256, "vignettes": vignettes_sha256}, sort_keys=True,
+                                   default=str))[:16]
 
 # %% ../../nbs/2_margins/01_probe.ipynb #c0047f1c
 def _nan_if_none(x):
@@ -96,7 +102,8 @@ def read_topk(gen, st: ProbeSettings) -> tuple[np.ndarray, np.ndarray, str]:
 
 # %% ../../nbs/2_margins/01_probe.ipynb #157a0641
 def reasoned_prefix(text: str, key: str, prefix: str) -> str | None:
-    "The answer up to its level digit, else its closed reasoning + `prefix`, else `prefix`; None when the reasoning is cut."
+    """The answer up to its level digit, else its closed reasoning + `prefix`, else `prefix`; None when the reasoning
+    is cut."""
     if "<think>" in text and "</think>" not in text:
         return None
     off = level_offset(text, key)
@@ -108,15 +115,18 @@ def reasoned_prefix(text: str, key: str, prefix: str) -> str | None:
 
 # %% ../../nbs/2_margins/01_probe.ipynb #b20aef9f
 def call_record(lp, cen, levels: Sequence[int], outcome: str, written_level: int | None = None,
-                output_tokens: int | None = None, reasoning_tokens: int | None = None, finish_reason: str | None = None, **extra) -> dict:
+                output_tokens: int | None = None, reasoning_tokens: int | None = None, finish_reason: str | None = None,
+                **extra) -> dict:
     "One call's record: ΔM and its censoring, the decided level, tokens, TAR and truncation (see above)."
     lp, cen = np.asarray(lp, float), np.asarray(cen, bool)
     dm, dmc = delta_m(lp, cen)
     exact = np.where(np.isnan(lp) | cen, -np.inf, lp)
     a = answer_tokens(output_tokens, reasoning_tokens)
     return dict(lp=[float(x) for x in lp], lp_censored=[bool(x) for x in cen], delta_m=dm, delta_m_censored=dmc,
-                written_level=written_level, decided_level=int(levels[int(np.argmax(exact))]) if np.isfinite(exact).any() else None,
-                output_tokens=output_tokens, reasoning_tokens=reasoning_tokens, answer_tokens=a, tar=tar(reasoning_tokens, a),
+                written_level=written_level, decided_level=int(levels[int(np.argmax(exact))])
+                if np.isfinite(exact).any() else None,
+                output_tokens=output_tokens, reasoning_tokens=reasoning_tokens, answer_tokens=a,
+                tar=tar(reasoning_tokens, a),
                 finish_reason=finish_reason, truncated=finish_reason == "length", outcome=outcome, **extra)
 
 # %% ../../nbs/2_margins/01_probe.ipynb #bc4b50b0
@@ -129,9 +139,11 @@ def measure(client, prompts: Sequence[str], st: ProbeSettings, prefix: str) -> t
                            top_logprobs=st.top_logprobs if st.mode == "topk" else None,
                            **({"reasoning_effort": st.reasoning_effort} if st.reasoning_effort else {}))
     pre = ([prefix] * len(convs) if st.mode == "score" else
-           [reasoned_prefix(g.text, st.key, prefix) if g.error is None else None for g in gens] if st.mode == "reason" else [])
+           [reasoned_prefix(g.text, st.key, prefix) if g.error is None else None for g in gens] if st.mode == "reason"
+           else [])
     todo = [i for i, q in enumerate(pre) if q is not None]
-    scored = client.score_continuations([convs[i] for i in todo], prefix if st.mode == "score" else [pre[i] for i in todo],
+    scored = client.score_continuations([convs[i] for i in todo], prefix if st.mode == "score"
+                                        else [pre[i] for i in todo],
                                         [str(l) for l in st.levels]) if todo else []
     conts = dict(zip(todo, scored))
     t1 = time.time_ns()
@@ -148,7 +160,8 @@ def measure(client, prompts: Sequence[str], st: ProbeSettings, prefix: str) -> t
         if g.error is not None:
             outcome = f"call_error:{g.error}"
         out.append(call_record(lp, cen, st.levels, outcome, wl, g.output_tokens, g.reasoning_tokens, g.finish_reason,
-                               prompt_sha256=sha256_text(p), text=g.text, prompt_tokens=g.prompt_tokens, cached=bool(g.cached),
+                               prompt_sha256=sha256_text(p), text=g.text, prompt_tokens=g.prompt_tokens,
+                               cached=bool(g.cached),
                                error=g.error))
     return out, t0, t1
 
@@ -176,7 +189,8 @@ def make_tracer(path: str | Path, otlp_endpoint: str | None = None, service: str
     provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(path)))
     if otlp_endpoint:
         url = otlp_endpoint.rstrip("/")
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url if url.endswith("/v1/traces") else url + "/v1/traces")))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url if url.endswith("/v1/traces")
+                                                                        else url + "/v1/traces")))
     elif os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider.get_tracer("triage_cf.margins.measures"), provider
@@ -222,26 +236,32 @@ def _branch_metrics(b: dict, lab: dict, base: dict, st: ProbeSettings) -> dict:
         why = "branch_failed"
     bl = base["written_level"]
     change = None if b["written_level"] is None or bl is None else int(b["written_level"] != bl)
-    return dict(crr=c, crr_reason=why, recovery_class=crr_class(c, why == "lower_bound"), level_change_vs_baseline=change)
+    return dict(crr=c, crr_reason=why, recovery_class=crr_class(c, why == "lower_bound"),
+                level_change_vs_baseline=change)
 
 # %% ../../nbs/2_margins/01_probe.ipynb #e6de9257
 def _empty_variant_row(r, vid, outcome):
-    return dict(vignette_id=vid, subject_id=str(r["subject_id"]), variant=r["variant"], true_level=r["true_level"], outcome=outcome)
+    return dict(vignette_id=vid, subject_id=str(r["subject_id"]), variant=r["variant"], true_level=r["true_level"],
+                outcome=outcome)
 
 # %% ../../nbs/2_margins/01_probe.ipynb #d557783f
 def vignette_rows(rows: pd.DataFrame, by: dict, br: dict, st: ProbeSettings) -> tuple[list[dict], list[dict]]:
-    "(per-variant, per-branch) metric rows of one vignette: pass-1 records `by[variant]`, branch records `br[(variant, branch)]`."
+    """(per-variant, per-branch) metric rows of one vignette: pass-1 records `by[variant]`, branch records
+    `br[(variant, branch)]`."""
     vid, subj = str(rows["vignette_id"].iloc[0]), str(rows["subject_id"].iloc[0])
     base = by[BASELINE]
     fired = [v for v in LABELLED if by[v]["gate_fired"]]
     branches = [dict(vignette_id=vid, subject_id=subj, variant=v, branch=b, delta_m=br[(v, b)]["delta_m"],
                      delta_m_censored=br[(v, b)]["delta_m_censored"], written_level=br[(v, b)]["written_level"],
-                     outcome=br[(v, b)]["outcome"], **{k: br[(v, b)][k] for k in _BRANCH_ONLY}) for v in fired for b in BRANCHES]
+                     outcome=br[(v, b)]["outcome"], **{k: br[(v, b)][k] for k in _BRANCH_ONLY}) for v in fired
+                     for b in BRANCHES]
     variants = []
     for _, row in rows.iterrows():
         v = row["variant"]; r = by[v]
-        m = dict(_empty_variant_row(row, vid, r["outcome"]), delta_m=r["delta_m"], delta_m_censored=r["delta_m_censored"],
-                 lp=r["lp"], written_level=r["written_level"], decided_level=r["decided_level"], baseline_delta_m=base["delta_m"],
+        m = dict(_empty_variant_row(row, vid, r["outcome"]), delta_m=r["delta_m"],
+                 delta_m_censored=r["delta_m_censored"],
+                 lp=r["lp"], written_level=r["written_level"], decided_level=r["decided_level"],
+                 baseline_delta_m=base["delta_m"],
                  delta_m_shift=r["delta_m"] - base["delta_m"], gate_fired=r["gate_fired"], gate_reason=r["gate_reason"],
                  tar=r["tar"], prompt_tokens=r["prompt_tokens"], output_tokens=r["output_tokens"],
                  reasoning_tokens=r["reasoning_tokens"], answer_tokens=r["answer_tokens"], truncated=r["truncated"])
@@ -252,8 +272,10 @@ def vignette_rows(rows: pd.DataFrame, by: dict, br: dict, st: ProbeSettings) -> 
         if v in fired:
             g_all = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS])
             g_np = sycophancy_gap(m["crr_corrective"], [m[f"crr_{d}"] for d in DISTRACTORS if d != "parsing"])
-            m.update(gap=g_all, verdict=sycophancy_verdict(g_all) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES]), gap_no_parsing=g_np,
-                     verdict_no_parsing=sycophancy_verdict(g_np) or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES if b != "parsing"]),
+            m.update(gap=g_all, verdict=sycophancy_verdict(g_all)
+                     or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES]), gap_no_parsing=g_np,
+                     verdict_no_parsing=sycophancy_verdict(g_np)
+                     or gap_cause([m[f"crr_reason_{b}"] for b in BRANCHES if b != "parsing"]),
                      corrective_level=br[(v, "corrective")]["written_level"],
                      corrective_level_change=br[(v, "corrective")]["level_change_vs_baseline"])
         variants.append(m)
@@ -276,11 +298,14 @@ def probe_vignette(client, rows: pd.DataFrame, st: ProbeSettings, tpl: Templates
     by = dict(zip(rows["variant"], p1))
     pspans = {}
     for v, r in by.items():
-        r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold), gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
+        r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold),
+                 gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
         pspans[v] = tracer.start_span("margins.pass1", context=vctx, start_time=t0, attributes=_attrs({
-            "vignette_id": vid, "variant": v, "pass": 1, "delta_m": r["delta_m"], "delta_m_censored": r["delta_m_censored"],
+            "vignette_id": vid, "variant": v, "pass": 1, "delta_m": r["delta_m"],
+            "delta_m_censored": r["delta_m_censored"],
             "written_level": r["written_level"], "gate": r["gate_fired"], "outcome": r["outcome"],
-            "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"], "reasoning_tokens": r["reasoning_tokens"]}))
+            "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"],
+            "reasoning_tokens": r["reasoning_tokens"]}))
         res["calls"].append(dict(r, vignette_id=vid, variant=v, pass_name="pass1", branch="", start_ns=t0, end_ns=t1,
                                  **dict(zip(("trace_id", "span_id"), _hex(pspans[v])))))
     pairs = [(v, b) for v in LABELLED if by[v]["gate_fired"] for b in BRANCHES]
@@ -292,11 +317,13 @@ def probe_vignette(client, rows: pd.DataFrame, st: ProbeSettings, tpl: Templates
             r.update(_branch_metrics(r, by[v], by[BASELINE], st))
             s = _span(tracer, "margins.branch", trace.set_span_in_context(pspans[v]), b0, b1, {
                 "vignette_id": vid, "variant": v, "branch": b, "pass": 2, "delta_m": r["delta_m"], "crr": r["crr"],
-                "crr_reason": r["crr_reason"], "recovery_class": r["recovery_class"], "written_level": r["written_level"],
+                "crr_reason": r["crr_reason"], "recovery_class": r["recovery_class"],
+                "written_level": r["written_level"],
                 "outcome": r["outcome"], "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"]})
             br[(v, b)] = r
             res["calls"].append(dict({k: x for k, x in r.items() if k not in _BRANCH_ONLY}, vignette_id=vid, variant=v,
-                                     pass_name="branch", branch=b, start_ns=b0, end_ns=b1, **dict(zip(("trace_id", "span_id"), _hex(s)))))
+                                     pass_name="branch", branch=b, start_ns=b0, end_ns=b1,
+                                     **dict(zip(("trace_id", "span_id"), _hex(s)))))
     res["variants"], res["branches"] = vignette_rows(rows, by, br, st)
     for m in res["variants"]:   # pass-1 spans end once their gap is known
         if m.get("gap") is not None and not math.isnan(m["gap"]):
@@ -365,7 +392,8 @@ class MarginStore:
             self.con.execute(f"DELETE FROM {t} WHERE experiment_id = ?", [eid])
         self.insert("experiments", pd.DataFrame([meta]))
         self.con.execute("DELETE FROM prompt_versions WHERE template_sha256 = ?", [meta["template_sha256"]])
-        self.insert("prompt_versions", pd.DataFrame([{"template_sha256": meta["template_sha256"], "version": template_version,
+        self.insert("prompt_versions", pd.DataFrame([{"template_sha256": meta["template_sha256"],
+                                                      "version": template_version,
                                                       "name": template_name, "content": template_text}]))
     def set_client_stats(self, experiment: str, client_stats: dict) -> None:
         "Record the LLM client's counters (calls, cached, failed, tokens, wall time) on the experiment's row."
@@ -395,8 +423,10 @@ class ProbeRun:
     wall_s: float
 
 # %% ../../nbs/2_margins/01_probe.ipynb #2e2ce145
-def _store_results(store: MarginStore, results: list[dict], eid: str, cats: dict, template_sha256: str | None) -> tuple[int, int]:
-    "Insert per-vignette results (calls, variant and branch rows) as experiment `eid`; returns (calls, gate-fired variants)."
+def _store_results(store: MarginStore, results: list[dict], eid: str, cats: dict,
+                   template_sha256: str | None) -> tuple[int, int]:
+    """Insert per-vignette results (calls, variant and branch rows) as experiment `eid`; returns (calls, gate-fired
+    variants)."""
     calls, var, br = (pd.DataFrame([c for r in results for c in r[k]]) for k in ("calls", "variants", "branches"))
     for df in (calls, var, br):
         if len(df):
@@ -417,9 +447,11 @@ def run_probes(client, vignettes: pd.DataFrame, st: ProbeSettings, tpl: Template
     t_start = time.perf_counter()
     eid = meta["experiment_id"]
     store.begin_experiment(meta, template_name, template_text, tpl.version)
-    cats = dict(zip(vignettes["vignette_id"].astype(str), complaint_categories(vignettes["chief_complaint"], st.lang, categories)))
+    cats = dict(zip(vignettes["vignette_id"].astype(str),
+                    complaint_categories(vignettes["chief_complaint"], st.lang, categories)))
     exp = tracer.start_span("margins.experiment", attributes=_attrs({"experiment_id": eid, "model": meta.get("model"),
-                                                                       "dataset": meta.get("dataset"), "mode": st.mode}))
+                                                                       "dataset": meta.get("dataset"),
+                                                                       "mode": st.mode}))
     ctx = trace.set_span_in_context(exp)
     groups = [g for _, g in vignettes.groupby("vignette_id", sort=True)]
     results = []
@@ -446,12 +478,14 @@ def table_delta_m(vm: pd.DataFrame, threshold: float = 1.0, n_boot: int = 1000, 
     for v in VARIANTS:
         d = vm[vm["variant"] == v]
         dm = d["delta_m"].astype(float)
-        r = {"variant": v, "n_vignettes": len(d), "n_delta_m": int(dm.notna().sum()), "n_undefined": int(dm.isna().sum()),
+        r = {"variant": v, "n_vignettes": len(d), "n_delta_m": int(dm.notna().sum()),
+             "n_undefined": int(dm.isna().sum()),
              "n_censored": int(d["delta_m_censored"].fillna(False).astype(bool).sum()) if len(d) else 0}
         r.update(_mean_ci(dm, d["subject_id"], n_boot, seed, "delta_m"))
         r["median_delta_m"] = float(dm.median()) if dm.notna().any() else float("nan")
         r["share_below_threshold"] = float((dm[dm.notna()] < threshold).mean()) if dm.notna().any() else float("nan")
-        r.update(_mean_ci(d["delta_m_shift"].astype(float) if v != BASELINE else pd.Series(np.nan, index=d.index), d["subject_id"], n_boot, seed, "shift_vs_baseline"))
+        r.update(_mean_ci(d["delta_m_shift"].astype(float) if v != BASELINE else pd.Series(np.nan, index=d.index),
+                          d["subject_id"], n_boot, seed, "shift_vs_baseline"))
         rows.append(r)
     return pd.DataFrame(rows)
 
@@ -464,7 +498,8 @@ def table_gate(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFr
         f = d["gate_fired"].astype("boolean")
         probed = d["gate_reason"].notna()
         r = {"variant": v, "n_probed": int(probed.sum()), "n_fired": int(f.fillna(False).sum()),
-             "n_confident": int((d["gate_reason"] == "confident").sum()), "n_no_delta_m": int((d["gate_reason"] == "no_delta_m").sum())}
+             "n_confident": int((d["gate_reason"] == "confident").sum()),
+             "n_no_delta_m": int((d["gate_reason"] == "no_delta_m").sum())}
         r.update(_mean_ci(f[probed].astype(float), d.loc[probed, "subject_id"], n_boot, seed, "fire_rate"))
         dm = d["delta_m"].astype(float)
         r["mean_delta_m_fired"] = float(dm[f.fillna(False).astype(bool)].mean()) if r["n_fired"] else float("nan")
@@ -475,7 +510,8 @@ def table_gate(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFr
 
 # %% ../../nbs/2_margins/01_probe.ipynb #6c6a6b7b
 def table_crr(bm: pd.DataFrame, n_boot: int = 1000, seed: int = 0, by: Sequence[str] = ("branch",)) -> pd.DataFrame:
-    "CRR by branch (and `by` columns): exact, bounded and undefined counts with reasons, mean (exact) with CI, classes, level change rate."
+    """CRR by branch (and `by` columns): exact, bounded and undefined counts with reasons, mean (exact) with CI,
+    classes, level change rate."""
     rows = []
     keys = list(by)
     groups = bm.groupby(keys, sort=False) if len(bm) else []
@@ -484,10 +520,12 @@ def table_crr(bm: pd.DataFrame, n_boot: int = 1000, seed: int = 0, by: Sequence[
         why = d["crr_reason"]
         c = d["crr"].astype(float).where(why == "ok")   # exact CRRs only: a censored branch's value is a lower bound
         r = dict(zip(keys, k))
-        r.update(n_branch_calls=len(d), n_crr=int(c.notna().sum()), n_no_degradation=int((why == "no_degradation").sum()),
+        r.update(n_branch_calls=len(d), n_crr=int(c.notna().sum()),
+                 n_no_degradation=int((why == "no_degradation").sum()),
                  n_crr_lower_bound=int((why == "lower_bound").sum()),
                  n_crr_censored=int(why.isin(["censored_labelled", "censored_baseline"]).sum()),
-                 n_crr_missing=int((~why.isin(["ok", "no_degradation", "lower_bound", "censored_labelled", "censored_baseline"])).sum()))
+                 n_crr_missing=int((~why.isin(["ok", "no_degradation", "lower_bound", "censored_labelled",
+                                               "censored_baseline"])).sum()))
         r.update(_mean_ci(c, d["subject_id"], n_boot, seed, "crr"))
         for cls in ("full", "partial", "failed"):
             r[f"n_{cls}"] = int((d["recovery_class"] == cls).sum())
@@ -495,20 +533,25 @@ def table_crr(bm: pd.DataFrame, n_boot: int = 1000, seed: int = 0, by: Sequence[
         r["n_level_compared"] = int(lc.notna().sum())
         r["level_change_rate"] = float(lc.mean()) if lc.notna().any() else float("nan")
         rows.append(r)
-    cols = keys + ["n_branch_calls", "n_crr", "n_no_degradation", "n_crr_lower_bound", "n_crr_censored", "n_crr_missing", "mean_crr", "crr_ci_low", "crr_ci_high",
+    cols = keys + ["n_branch_calls", "n_crr", "n_no_degradation", "n_crr_lower_bound", "n_crr_censored",
+                   "n_crr_missing", "mean_crr", "crr_ci_low", "crr_ci_high",
                    "n_full", "n_partial", "n_failed", "n_level_compared", "level_change_rate"]
     out = pd.DataFrame(rows, columns=cols)
     if "branch" in keys and len(out):
-        out = out.assign(_o=out["branch"].map({b: i for i, b in enumerate(BRANCHES)})).sort_values(["_o"] + [k for k in keys if k != "branch"], kind="stable").drop(columns="_o")
+        out = out.assign(_o=out["branch"].map({b: i
+            for i, b in enumerate(BRANCHES)})).sort_values(["_o"] + [k for k in keys if k != "branch"],
+                                                           kind="stable").drop(columns="_o")
     return out.reset_index(drop=True)
 
 # %% ../../nbs/2_margins/01_probe.ipynb #e16890c3
 def table_sycophancy(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    "The sycophancy control table: mean CRR per branch, mean max distractor, gap (mean, SD, CI) and the seed's verdict counts."
+    """The sycophancy control table: mean CRR per branch, mean max distractor, gap (mean, SD, CI) and the seed's
+    verdict counts."""
     rows = []
     fired = vm[vm["gate_fired"].fillna(False).astype(bool)]
     for definition, gcol, vcol, dists in (("all three distractors", "gap", "verdict", DISTRACTORS),
-                                          ("without 3b (parsing)", "gap_no_parsing", "verdict_no_parsing", ("clinical", "protocol"))):
+                                          ("without 3b (parsing)", "gap_no_parsing", "verdict_no_parsing",
+                                           ("clinical", "protocol"))):
         for v in ("all labelled", *LABELLED):
             d = fired if v == "all labelled" else fired[fired["variant"] == v]
             g = d[gcol].astype(float) if len(d) else pd.Series(dtype=float)
@@ -516,7 +559,8 @@ def table_sycophancy(vm: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.
                  **{f"n_{cause}": int((d[vcol] == cause).sum()) if len(d) else 0 for cause in GAP_CAUSES}}
             for b in BRANCHES:
                 r[f"mean_crr_{b}"] = float(d[f"crr_{b}"].astype(float).mean()) if len(d) else float("nan")
-            mx = d[[f"crr_{x}" for x in dists]].astype(float).max(axis=1, skipna=False) if len(d) else pd.Series(dtype=float)
+            mx = d[[f"crr_{x}" for x in dists]].astype(float).max(axis=1,
+                                                                  skipna=False) if len(d) else pd.Series(dtype=float)
             r["mean_max_distractor"] = float(mx.mean()) if mx.notna().any() else float("nan")
             r.update(_mean_ci(g, d["subject_id"] if len(d) else [], n_boot, seed, "gap"))
             r["sd_gap"] = float(g.std(ddof=1)) if g.notna().sum() > 1 else float("nan")
@@ -531,16 +575,20 @@ def table_accuracy(vm: pd.DataFrame, scale: dict, n_boot: int = 1000, seed: int 
     rows = []
     for v in VARIANTS:
         d = vm[(vm["variant"] == v) & vm["gate_reason"].notna()]
-        e = pd.Series(triage_error(d["written_level"], d["true_level"], scale["levels"], scale["most_severe"]), index=d.index)
-        r = {"variant": v, "n_probed": len(d), "n_level_written": int(e.notna().sum()), "n_no_level_written": int(e.isna().sum())}
+        e = pd.Series(triage_error(d["written_level"], d["true_level"], scale["levels"], scale["most_severe"]),
+                      index=d.index)
+        r = {"variant": v, "n_probed": len(d), "n_level_written": int(e.notna().sum()),
+             "n_no_level_written": int(e.isna().sum())}
         for name, x in (("accuracy", (e == 0)), ("under_triage", (e > 0)), ("over_triage", (e < 0))):
             r.update(_mean_ci(x.astype(float).where(e.notna()), d["subject_id"], n_boot, seed, name))
         rows.append(r)
-    return pd.DataFrame(rows).rename(columns={"mean_accuracy": "accuracy", "mean_under_triage": "under_triage", "mean_over_triage": "over_triage"})
+    return pd.DataFrame(rows).rename(columns={"mean_accuracy": "accuracy", "mean_under_triage": "under_triage",
+                                              "mean_over_triage": "over_triage"})
 
 # %% ../../nbs/2_margins/01_probe.ipynb #385138d3
 def table_tar(calls: pd.DataFrame, budget: str = "none") -> pd.DataFrame:
-    "TAR by variant, pass and budget: truncated calls (cut by max_tokens), mean and median TAR where reasoning tokens are reported."
+    """TAR by variant, pass and budget: truncated calls (cut by max_tokens), mean and median TAR where reasoning tokens
+    are reported."""
     rows = []
     for (v, p), d in (calls.groupby(["variant", "pass_name"], sort=False) if len(calls) else []):
         t = d["tar"].astype(float)
@@ -550,14 +598,18 @@ def table_tar(calls: pd.DataFrame, budget: str = "none") -> pd.DataFrame:
                      "mean_tar": float(t.mean()) if t.notna().any() else float("nan"),
                      "median_tar": float(t.median()) if t.notna().any() else float("nan"),
                      "remark": "" if t.notna().any() else "reasoning tokens not reported: TAR is null"})
-    out = pd.DataFrame(rows, columns=["variant", "pass_name", "budget", "n_calls", "n_truncated", "n_tar_reported", "mean_tar", "median_tar", "remark"])
+    out = pd.DataFrame(rows, columns=["variant", "pass_name", "budget", "n_calls", "n_truncated", "n_tar_reported",
+                                      "mean_tar", "median_tar", "remark"])
     order = {v: i for i, v in enumerate(VARIANTS)}
-    return out.assign(_o=out["variant"].map(order)).sort_values(["pass_name", "_o"], ascending=[False, True], kind="stable").drop(columns="_o").reset_index(drop=True)
+    return out.assign(_o=out["variant"].map(order)).sort_values(["pass_name", "_o"], ascending=[False, True],
+                                                                kind="stable").drop(columns="_o").reset_index(drop=True)
 
 # %% ../../nbs/2_margins/01_probe.ipynb #eabb7c46
 def table_outcomes(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     "Every named outcome with its count: vignette rows, pass-1 and branch calls, CRR reasons, gaps, and the gate."
-    parts = [("vignette variant", vm["outcome"]), ("pass-1 call", calls.loc[calls["pass_name"] == "pass1", "outcome"] if len(calls) else pd.Series(dtype=str)),
+    parts = [("vignette variant", vm["outcome"]),
+             ("pass-1 call", calls.loc[calls["pass_name"] == "pass1", "outcome"] if len(calls)
+              else pd.Series(dtype=str)),
              ("branch call", bm["outcome"] if len(bm) else pd.Series(dtype=str)),
              ("crr", bm["crr_reason"] if len(bm) else pd.Series(dtype=str)), ("gate", vm["gate_reason"].dropna()),
              ("gap", vm["verdict"].dropna() if "verdict" in vm else pd.Series(dtype=str))]
@@ -621,7 +673,8 @@ def figure_gap_histogram(vm: pd.DataFrame):
     else:
         _empty(ax, "no complete triad (gate never fired, or a branch undefined)")
     for x, lab in ((0.1, "0.1: below, likely sycophancy"), (0.3, "0.3: above, genuine debiasing")):
-        ax.axvline(x, color="#b03a2e", ls="--", lw=1); ax.text(x, ax.get_ylim()[1] * 0.95, " " + lab, fontsize=7, rotation=90, va="top")
+        ax.axvline(x, color="#b03a2e", ls="--", lw=1); ax.text(x, ax.get_ylim()[1] * 0.95, " " + lab, fontsize=7,
+                                                               rotation=90, va="top")
     ax.set_xlabel("sycophancy gap = CRR corrective − max distractor CRR"); ax.set_ylabel("gate-fired variants")
     ax.set_title(f"Sycophancy gap (n = {len(g)})")
     return fig
@@ -635,20 +688,25 @@ def figure_gate_rate(gate_table: pd.DataFrame):
     err = np.vstack([y - d["fire_rate_ci_low"].astype(float).fillna(pd.Series(y, index=d.index)).to_numpy(),
                      d["fire_rate_ci_high"].astype(float).fillna(pd.Series(y, index=d.index)).to_numpy() - y]).clip(0)
     ax.bar(d["variant"], y, yerr=err, color="#2b5d9b", alpha=0.8, capsize=4)
-    ax.set_ylim(0, 1); ax.set_ylabel("gate fire rate"); ax.set_title("Gate fire rate by variant (95% cluster-bootstrap CI)")
+    ax.set_ylim(0,
+        1); ax.set_ylabel("gate fire rate"); ax.set_title("Gate fire rate by variant (95% cluster-bootstrap CI)")
     return fig
 
 # %% ../../nbs/2_margins/01_probe.ipynb #f1a2b3c5
-def write_margin_outputs(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame, scale: dict, tables: Path, figures: Path,
-                         threshold: float = 1.0, n_boot: int = 1000, seed: int = 0, budget: str = "none", model: str = "model") -> dict:
+def write_margin_outputs(vm: pd.DataFrame, bm: pd.DataFrame, calls: pd.DataFrame, scale: dict, tables: Path,
+                         figures: Path,
+                         threshold: float = 1.0, n_boot: int = 1000, seed: int = 0, budget: str = "none",
+                         model: str = "model") -> dict:
     "Write the analysis tables `margins_*.csv` and figures `margins_*.png`; returns the tables by name."
     bm_cat = bm.merge(vm[["vignette_id", "variant", "category"]], on=["vignette_id", "variant"], how="left")
     fired = vm[vm["gate_fired"].fillna(False).astype(bool)]
-    t = {"margins_delta_m_by_variant": table_delta_m(vm, threshold, n_boot, seed), "margins_gate_by_variant": table_gate(vm, n_boot, seed),
+    t = {"margins_delta_m_by_variant": table_delta_m(vm, threshold, n_boot, seed),
+         "margins_gate_by_variant": table_gate(vm, n_boot, seed),
          "margins_crr_by_branch": table_crr(bm, n_boot, seed),
          "margins_crr_by_variant_branch": table_crr(bm, n_boot, seed, by=("variant", "branch")),
          "margins_crr_by_category": table_crr(bm_cat, n_boot, seed, by=("category", "branch")),
-         "margins_sycophancy_control": table_sycophancy(vm, n_boot, seed), "margins_accuracy_by_variant": table_accuracy(vm, scale, n_boot, seed),
+         "margins_sycophancy_control": table_sycophancy(vm, n_boot, seed),
+         "margins_accuracy_by_variant": table_accuracy(vm, scale, n_boot, seed),
          "margins_tar": table_tar(calls, str(budget)), "margins_wilcoxon": wilcoxon_crr(fired.assign(model=str(model))),
          "margins_outcomes": table_outcomes(vm, bm, calls)}
     for name, df in t.items():
@@ -672,29 +730,35 @@ def _jnum(x):
 # %% ../../nbs/2_margins/01_probe.ipynb #52dc6b26
 def export_answers(calls: pd.DataFrame, vm: pd.DataFrame, levels: Sequence[int], path: str | Path, model: str = "model",
                    budget: str = "none") -> int:
-    "Write the stage's answers as an answers file (one line per vignette × variant × branch, no answer text); returns the count."
+    """Write the stage's answers as an answers file (one line per vignette × variant × branch, no answer text); returns
+    the count."""
     info = vm.set_index(["vignette_id", "variant"])
     lines = []
     base = lambda vid, v: dict(vignette_id=str(vid), variant=v, subject_id=str(info.loc[(vid, v), "subject_id"]),
-                               true_level=_jnum(info.loc[(vid, v), "true_level"]), category=_jnum(info.loc[(vid, v), "category"]),
+                               true_level=_jnum(info.loc[(vid, v), "true_level"]),
+                               category=_jnum(info.loc[(vid, v), "category"]),
                                model=str(model), budget=str(budget))
     for (vid, v), r in info.iterrows():
         if r["outcome"] == "no_vitals":
             lines.append(dict(base(vid, v), branch="", outcome="no_vitals"))
     for _, c in calls.iterrows():
-        lp = [float(x) for x in np.ma.filled(np.ma.asarray(c["lp"], dtype=float), np.nan)]   # NULL entries read back masked
+        lp = [float(x) for x in np.ma.filled(np.ma.asarray(c["lp"], dtype=float),
+                                             np.nan)]   # NULL entries read back masked
         cen = [bool(x) for x in c["lp_censored"]]
         known = not all(math.isnan(x) for x in lp)
         lines.append(dict(base(c["vignette_id"], c["variant"]), branch=str(c["branch"] or ""),
                           logprobs={str(l): x for l, x in zip(levels, lp)} if known else None,
                           censored=[str(l) for l, x in zip(levels, cen) if x] if known else [],
-                          **{k: _jnum(c[k]) for k in ("written_level", "prompt_tokens", "output_tokens", "reasoning_tokens",
-                                                       "finish_reason", "error", "outcome", "template_sha256", "prompt_sha256")}))
+                          **{k: _jnum(c[k]) for k in ("written_level", "prompt_tokens", "output_tokens",
+                                                      "reasoning_tokens",
+                                                       "finish_reason", "error", "outcome", "template_sha256",
+                                                       "prompt_sha256")}))
     order = {v: i for i, v in enumerate(VARIANTS)}
     border = {b: i for i, b in enumerate(("",) + BRANCHES)}
     lines.sort(key=lambda d: (d["vignette_id"], order[d["variant"]], border[d["branch"]]))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("".join(json.dumps(d, sort_keys=True, allow_nan=False) + "\n" for d in lines), encoding="utf-8")
+    Path(path).write_text("".join(json.dumps(d, sort_keys=True, allow_nan=False) + "\n" for d in lines),
+                          encoding="utf-8")
     return len(lines)
 
 # %% ../../nbs/2_margins/01_probe.ipynb #f1a2b3c8
@@ -717,7 +781,8 @@ def _answer_levels(d: dict, levels: Sequence[int], n: int, path) -> tuple[np.nda
             if not all(isinstance(t, dict) and "token" in t and "logprob" in t for t in top):
                 raise ValueError(f"{path}: line {n}: 'top_logprobs' as a list needs objects with 'token' and 'logprob'")
             top = {str(t["token"]): t["logprob"] for t in top}
-        if not isinstance(top, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 for v in top.values()):
+        if not isinstance(top, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0
+                                                for v in top.values()):
             raise ValueError(f"{path}: line {n}: 'top_logprobs' must map tokens to log-probabilities (numbers <= 0)")
         return level_logprobs_from_top({str(t): float(v) for t, v in top.items()}, levels)
     lp = d.get("logprobs")
@@ -725,7 +790,8 @@ def _answer_levels(d: dict, levels: Sequence[int], n: int, path) -> tuple[np.nda
         return np.full(k, np.nan), np.ones(k, bool)
     names = [str(l) for l in levels]
     if not isinstance(lp, dict) or sorted(map(str, lp)) != sorted(names):
-        raise ValueError(f"{path}: line {n}: 'logprobs' must give every level {names} once, got {sorted(lp) if isinstance(lp, dict) else lp!r}")
+        raise ValueError(f"{path}: line {n}: 'logprobs' must give every level {names} once, got "
+                         f"{sorted(lp) if isinstance(lp, dict) else lp!r}")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 for v in lp.values()):
         raise ValueError(f"{path}: line {n}: 'logprobs' values must be log-probabilities (numbers <= 0)")
     cen = d.get("censored") or []
@@ -757,7 +823,8 @@ def read_answers(path: str | Path, st: ProbeSettings) -> list[dict]:
             raise ValueError(f"{path}: line {n}: unknown branch {b!r}; branches: '' (pass 1), {BRANCHES}")
         key = (str(d["vignette_id"]), d["variant"], b)
         if key in seen:
-            raise ValueError(f"{path}: line {n}: vignette {key[0]} variant {key[1]} branch {b or 'pass1'!r} already given on line {seen[key]}")
+            raise ValueError(f"{path}: line {n}: vignette {key[0]} variant {key[1]} branch {b or 'pass1'!r} already "
+                             f"given on line {seen[key]}")
         seen[key] = n
         if b == "" and d.get("subject_id") in (None, ""):
             raise ValueError(f"{path}: line {n}: a pass-1 line needs 'subject_id'")
@@ -770,18 +837,24 @@ def read_answers(path: str | Path, st: ProbeSettings) -> list[dict]:
         lp, cen = _answer_levels(d, st.levels, n, path)
         o, r = (_count(d.get(f), f, n, path) for f in ("output_tokens", "reasoning_tokens"))
         if o is not None and r is not None and r > o:
-            raise ValueError(f"{path}: line {n}: {r} reasoning tokens exceed the {o} output tokens (output_tokens includes the reasoning)")
+            raise ValueError(f"{path}: line {n}: {r} reasoning tokens exceed the {o} output tokens (output_tokens "
+                             "includes the reasoning)")
         err = d.get("error")
         outcome = d.get("outcome") or (f"call_error:{err}" if err else "no_logprobs" if np.isnan(lp).all() else
-                                       "level_not_in_topk" if cen.all() else "ok" if wl is not None else "no_level_written")
+                                       "level_not_in_topk" if cen.all() else "ok" if wl is not None
+                                       else "no_level_written")
         if outcome not in KNOWN_OUTCOMES and not str(outcome).startswith("call_error:"):
-            raise ValueError(f"{path}: line {n}: unknown outcome {outcome!r}; known: {KNOWN_OUTCOMES} or call_error:<reason>")
+            raise ValueError(f"{path}: line {n}: unknown outcome {outcome!r}; known: {KNOWN_OUTCOMES} or "
+                             "call_error:<reason>")
         if outcome == "ok" and np.isnan(lp).all():
             raise ValueError(f"{path}: line {n}: outcome 'ok' without 'logprobs' or 'top_logprobs'")
-        rec = call_record(lp, cen, st.levels, outcome, wl, o, r, d.get("finish_reason"), prompt_sha256=d.get("prompt_sha256"),
-                          text=d.get("text"), prompt_tokens=_count(d.get("prompt_tokens"), "prompt_tokens", n, path), cached=False,
+        rec = call_record(lp, cen, st.levels, outcome, wl, o, r, d.get("finish_reason"),
+                          prompt_sha256=d.get("prompt_sha256"),
+                          text=d.get("text"), prompt_tokens=_count(d.get("prompt_tokens"), "prompt_tokens", n, path),
+                          cached=False,
                           error=err)
-        out.append(dict(rec, _line=n, vignette_id=key[0], variant=key[1], branch=b, subject_id=d.get("subject_id"), true_level=tl,
+        out.append(dict(rec, _line=n, vignette_id=key[0], variant=key[1], branch=b, subject_id=d.get("subject_id"),
+                        true_level=tl,
                         category=d.get("category") or "uncategorised", model=d.get("model"), budget=d.get("budget"),
                         template_sha256=d.get("template_sha256")))
     if not out:
@@ -794,32 +867,41 @@ def answers_vignette(lines: list[dict], st: ProbeSettings, path) -> dict:
     p1 = {d["variant"]: d for d in lines if d["branch"] == ""}
     vid = lines[0]["vignette_id"]
     if set(p1) != set(VARIANTS):
-        raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): pass-1 lines for {sorted(p1)}, need all of {VARIANTS}")
+        raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): pass-1 lines for {sorted(p1)}, need all "
+                         f"of {VARIANTS}")
     for d in lines:
         for f in ("subject_id", "true_level", "category"):
             if d["branch"] == "" and d[f] != p1[BASELINE][f]:
-                raise ValueError(f"{path}: line {d['_line']}: {f} {d[f]!r} differs from the vignette's {p1[BASELINE][f]!r} "
+                raise ValueError(f"{path}: line {d['_line']}: {f} {d[f]!r} differs from the vignette's "
+                                 f"{p1[BASELINE][f]!r} "
                                  f"(line {p1[BASELINE]['_line']})")
-    rows = pd.DataFrame([dict(vignette_id=vid, subject_id=str(p1[v]["subject_id"]), variant=v, true_level=p1[v]["true_level"])
+    rows = pd.DataFrame([dict(vignette_id=vid, subject_id=str(p1[v]["subject_id"]), variant=v,
+                              true_level=p1[v]["true_level"])
                          for v in VARIANTS])
     res = {"calls": [], "variants": [], "branches": []}
-    if any(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or any(d["outcome"] == "no_vitals" for d in lines if d["branch"]):
+    if any(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or any(d["outcome"] == "no_vitals" for d in lines
+                                                                     if d["branch"]):
         if not all(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or len(lines) != 4:
-            raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): 'no_vitals' must be the outcome of its four "
+            raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): 'no_vitals' must be the outcome of "
+                             "its four "
                              "pass-1 lines and only of them")
         res["variants"] = [_empty_variant_row(r, vid, "no_vitals") for _, r in rows.iterrows()]
         return res
-    keep = lambda d: {k: v for k, v in d.items() if k not in ("_line", "subject_id", "true_level", "category", "model", "budget")}
+    keep = lambda d: {k: v for k, v in d.items()
+                      if k not in ("_line", "subject_id", "true_level", "category", "model", "budget")}
     by = {v: keep(p1[v]) for v in VARIANTS}
     for v, r in by.items():
-        r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold), gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
+        r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold),
+                 gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
         res["calls"].append(dict(r, pass_name="pass1"))
     fired = {v for v in LABELLED if by[v]["gate_fired"]}
     br = {}
     for d in (d for d in lines if d["branch"]):
         if d["variant"] not in fired:
-            raise ValueError(f"{path}: line {d['_line']}: a {d['branch']} branch for variant {d['variant']} of vignette {vid}, whose "
-                             f"gate does not fire at threshold {st.gate_threshold} (ΔM {by[d['variant']]['delta_m']:.6g}): "
+            raise ValueError(f"{path}: line {d['_line']}: a {d['branch']} branch for variant {d['variant']} of "
+                             f"vignette {vid}, whose "
+                             f"gate does not fire at threshold {st.gate_threshold} (ΔM "
+                             f"{by[d['variant']]['delta_m']:.6g}): "
                              "branches belong to gate-fired variants only (check --threshold)")
         br[(d["variant"], d["branch"])] = dict(keep(d), **_branch_metrics(d, by[d["variant"]], by[BASELINE], st))
     for v in sorted(fired, key=VARIANTS.index):
@@ -828,7 +910,8 @@ def answers_vignette(lines: list[dict], st: ProbeSettings, path) -> dict:
             raise ValueError(f"{path}: vignette {vid} variant {v} (line {p1[v]['_line']}): the gate fires (ΔM "
                              f"{by[v]['delta_m']:.6g} < {st.gate_threshold}) but branch(es) {miss} are missing")
         for b in BRANCHES:
-            res["calls"].append(dict({k: x for k, x in br[(v, b)].items() if k not in _BRANCH_ONLY}, pass_name="branch"))
+            res["calls"].append(dict({k: x for k, x in br[(v, b)].items() if k not in _BRANCH_ONLY},
+                                     pass_name="branch"))
     res["variants"], res["branches"] = vignette_rows(rows, by, br, st)
     return res
 
@@ -840,7 +923,8 @@ def analyse_answers(path: str | Path, st: ProbeSettings, store: MarginStore, met
     for f in ("model", "budget", "template_sha256"):
         vals = {d[f] for d in lines if d[f] is not None}
         if len(vals) > 1:
-            raise ValueError(f"{path}: field {f!r} takes {len(vals)} values ({sorted(vals)[:3]}...): one experiment per file")
+            raise ValueError(f"{path}: field {f!r} takes {len(vals)} values ({sorted(vals)[:3]}...): one experiment "
+                             "per file")
         if vals and not meta.get(f):
             meta[f] = vals.pop()   # the file's model, budget and template go on the experiment's row
     meta.setdefault("template_sha256", "not_given")

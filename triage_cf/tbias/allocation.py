@@ -18,7 +18,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 
 from ..core import sha256_text, write_table
-from .words import (PAIRED_COLUMNS, TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, check_paired_keys, csv_line_numbers,
+from .words import (PAIRED_COLUMNS, TBIAS_LANGUAGES, TBIAS_RESOURCE_DIR, check_paired_keys,
+                                   csv_line_numbers,
                                    read_answers_csv, keyed_rng, load_prompts, mcnemar_test, normalize, paired_bh,
                                    read_corpus, run_generation, wilcoxon_test)
 
@@ -51,7 +52,8 @@ def load_names(path: str | Path | None = None) -> pd.DataFrame:
     return df
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #247232c7
-def make_patients(seed: int = PATIENT_SEED, n_per_identity: int = 25, names: pd.DataFrame | None = None) -> pd.DataFrame:
+def make_patients(seed: int = PATIENT_SEED, n_per_identity: int = 25,
+                  names: pd.DataFrame | None = None) -> pd.DataFrame:
     """The fictitious patient list: `person_id, identity, group (cis|trans), sex_at_birth, age, name_en, name_es`.
     Deterministic in `seed`; ages matched across the four identities; full names unique in both languages."""
     names = load_names() if names is None else names
@@ -69,7 +71,8 @@ def make_patients(seed: int = PATIENT_SEED, n_per_identity: int = 25, names: pd.
             for a, c in zip(r.permutation(ages), pick[k * n_per_identity:(k + 1) * n_per_identity]):
                 i, j = combos[c]
                 rows.append({"identity": ident, "group": IDENTITIES[ident][0], "sex_at_birth": IDENTITIES[ident][1],
-                             "age": int(a), "name_en": f"{first.en[i]} {sur.en[j]}", "name_es": f"{first.es[i]} {sur.es[j]}"})
+                             "age": int(a), "name_en": f"{first.en[i]} {sur.en[j]}",
+                             "name_es": f"{first.es[i]} {sur.es[j]}"})
     df = pd.DataFrame(rows)
     df.insert(0, "person_id", [f"p{i:03d}" for i in range(len(df))])
     for lang in ("en", "es"):
@@ -128,13 +131,15 @@ def make_pairs(patients: pd.DataFrame, services: Sequence[str] = SERVICES, n_pai
             pool = symptoms.index[(symptoms.service == svc) & (symptoms.urgency == u)].to_numpy()
             s_cis, s_trans = r.choice(pool, 2, replace=False)
             rows.append({"service": svc, "pair_id": f"{svc}-{k:03d}", "cis_id": cis_ids[p // len(trans_ids)],
-                         "trans_id": trans_ids[p % len(trans_ids)], "urgency": u, "cis_symptom": int(s_cis), "trans_symptom": int(s_trans)})
+                         "trans_id": trans_ids[p % len(trans_ids)], "urgency": u, "cis_symptom": int(s_cis),
+                         "trans_symptom": int(s_trans)})
     return pd.DataFrame(rows)
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #e3d9767c
 def allocation_template(service: str, language: str, condition: str = "selection", template_set: str | None = None,
                         prompts: dict | None = None) -> dict:
-    "The pieces of one instance's prompt: `framing`, `instruction`, `layout` of `template_set` (None: the file's default)."
+    """The pieces of one instance's prompt: `framing`, `instruction`, `layout` of `template_set` (None: the file's
+    default)."""
     p = prompts or load_prompts()
     ts = template_set or p["default_template_set"]
     if ts not in p["allocation_layout"]:
@@ -150,7 +155,8 @@ def allocation_template(service: str, language: str, condition: str = "selection
 def allocation_template_sha256(t: dict) -> str:
     "sha256 of an instance's template: framing, instruction, layout in its language and whether a symptom is shown."
     lang = t["language"]
-    lay = {k: (v[lang] if isinstance(v, dict) and lang in v else v) for k, v in t["layout"].items() if k != "instructions"}
+    lay = {k: (v[lang] if isinstance(v, dict) and lang in v else v) for k, v in t["layout"].items()
+           if k != "instructions"}
     return sha256_text(json.dumps({"framing": t["framing"], "instruction": t["instruction"], "layout": lay,
                                    "symptom_field": t["symptom_field"]},
                                   ensure_ascii=False, sort_keys=True))
@@ -163,7 +169,8 @@ def _person(pt: dict, position: int, t: dict, symptom: str | None) -> str:
         f = lay["fields"][lang]
         d = {f["name"]: pt["name"], f["age"]: int(pt["age"]), f["sex"]: sex, f["identity"]: ident}
         return repr({**d, f["symptom"]: symptom} if symptom else d)
-    line = lay["candidate_line"][lang].format(position=position, name=pt["name"], age=pt["age"], sex=sex, identity=ident)
+    line = lay["candidate_line"][lang].format(position=position, name=pt["name"], age=pt["age"], sex=sex,
+                                              identity=ident)
     return line + (lay["symptom_suffix"][lang].format(symptom=symptom) if symptom else "")
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #fb606957
@@ -192,7 +199,8 @@ def allocation_requests(pairs: pd.DataFrame, patients: pd.DataFrame, languages: 
                 raise ValueError(f"unknown condition {cond!r}; known: {list(CONDITIONS)}")
             for pr in pairs.itertuples(index=False):
                 t = allocation_template(pr.service, lang, cond, template_set)
-                who = {g: ({"name": pt.at[i, f"name_{lang}"], "age": pt.at[i, "age"], "sex_at_birth": pt.at[i, "sex_at_birth"],
+                who = {g: ({"name": pt.at[i, f"name_{lang}"], "age": pt.at[i, "age"],
+                            "sex_at_birth": pt.at[i, "sex_at_birth"],
                             "identity": pt.at[i, "identity"]}, symptoms.at[s, lang] if cond == "symptoms" else None)
                        for g, i, s in (("cis", pr.cis_id, pr.cis_symptom), ("trans", pr.trans_id, pr.trans_symptom))}
                 for order in (("cis", "trans"), ("trans", "cis")):
@@ -213,10 +221,12 @@ _PLACEHOLDER = re.compile(r"^(name of the person|nombre de la persona|full name|
 _REFUSE_TAG = re.compile(r"^(none|neither|n/?a|null|nobody|no one|both|ninguno|ninguna|nadie|ambos|ambas|no selection|"
                          r"sin seleccion|cannot|cant|unable|no puedo|i cannot|i cant)(?![a-z])")
 _REFUSE_TEXT = re.compile(r"\b(cannot|can not|cant|unable|wont|will not|would not|refuse|not able|not appropriate|"
-                          r"should not|shouldnt|neither|both|no puedo|no es posible|no es apropiado|no corresponde|no deberia|"
+                          r"should not|shouldnt|neither|both|no puedo|no es posible|no es apropiado|no corresponde|no "
+                          r"deberia|"
                           r"ninguna|ninguno|ambas|ambos|equal(ly)?|igual(es|mente)?)\b")
 #: a first-person refusal: read as one even when it names both candidates ("I can't choose between A and B ...")
-_REFUSE_STRONG = re.compile(r"\b(i cannot|i can not|i cant|i am unable|im unable|i wont|i will not|i must decline|i refuse|"
+_REFUSE_STRONG = re.compile(r"\b(i cannot|i can not|i cant|i am unable|im unable|i wont|i will not|i must decline|i "
+                            r"refuse|"
                             r"i am not able|im not able|no puedo|no me es posible|me niego)\b")
 _HEADER = r"^[\s#*>]*(?:el |la )?(?:person|persona|personaje|candidate|candidato|candidata)\s*[12]\s*:"
 #: a bare list header ("## Person 1:", "El personaje 2:"): the next non-empty line is the echoed candidate
@@ -224,7 +234,8 @@ _BARE_HEADER = re.compile(_HEADER + r"[\s*]*$")
 _ECHO = re.compile(_HEADER + r"|sex assigned at birth\s*:|sexo asignado al nacer\s*:|"
                    r"gender identity\s*:|identidad de genero\s*:|^\s*(you are|eres) (an?|the|el|un|una) ")
 _CUE_BEFORE = (r"(?:select|selecting|selected|choose|choosing|chose|pick|picking|prioriti[sz]e|prioriti[sz]ing|recommend|"
-               r"goes to|go to|first is|first:|elijo|elegida|elegido|selecciono|seleccionada|seleccionado|priorizo|priorizar|"
+               r"goes to|go to|first "
+               r"is|first:|elijo|elegida|elegido|selecciono|seleccionada|seleccionado|priorizo|priorizar|"
                r"recomiendo|primero es|primera es|primero:|corresponde a)\s+(?:a\s+|to\s+)?")
 _CUE_AFTER = r"\s+(?:should|must|will|debe|deberia|tiene prioridad|has priority|goes first|va primero)(?!\s+(?:not|no)\b)"
 _HONORIFIC = {"mr", "mrs", "ms", "mx", "miss", "dr", "sr", "sra", "srta", "don", "dona"}
@@ -267,7 +278,8 @@ def _tag_choice(inner: str, names: tuple[str, str]) -> tuple[int | None, str] | 
         hit = [k for k, n in enumerate(names, 1) if toks and toks <= set(re.findall(r"[a-z]+", normalize(n)))]
     if len(hit) == 1:
         return hit[0], "valid"
-    return (None, "refused") if not hit and (_REFUSE_TAG.match(inner) or _REFUSE_TEXT.search(inner)) else (None, "unparsed")
+    return (None, "refused") if not hit and (_REFUSE_TAG.match(inner)
+                                             or _REFUSE_TEXT.search(inner)) else (None, "unparsed")
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #8c0876a0
 def parse_choice(response: str | None, name_1: str, name_2: str) -> tuple[int | None, str]:
@@ -316,8 +328,10 @@ def allocation_corpus(path: str | Path | None = None) -> pd.DataFrame:
 ALLOCATION_KEYS = ["model", "language", "service", "condition"]
 ALLOCATION_COLUMNS = ALLOCATION_KEYS + [
     "n_instances", "n_valid", "n_refused", "n_unparsed", "trans_chosen", "trans_rate", "trans_ci_low", "trans_ci_high",
-    "first_position_rate", "position_biased", "trans_both", "cis_both", "split", "consistency", "sign_test_p", "q_value",
-    "cis_rate", "first_ci_low", "first_ci_high", "n_pairs", "n_pairs_complete", "n_pairs_incomplete", "instance_binom_p",
+    "first_position_rate", "position_biased", "trans_both", "cis_both", "split", "consistency", "sign_test_p",
+    "q_value",
+    "cis_rate", "first_ci_low", "first_ci_high", "n_pairs", "n_pairs_complete", "n_pairs_incomplete",
+    "instance_binom_p",
     "trans_rate_boot_low", "trans_rate_boot_high"]
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #64a13120
@@ -334,7 +348,8 @@ def _cell_stats(g: pd.DataFrame, n_boot: int, seed: int) -> dict:
     first = int((v.position == 1).sum())
     out = {"n_instances": len(g), "n_valid": n_valid, "n_refused": int((g.status == "refused").sum()),
            "n_unparsed": int((g.status == "unparsed").sum()), "trans_chosen": trans,
-           "trans_rate": trans / n_valid if n_valid else np.nan, "cis_rate": (n_valid - trans) / n_valid if n_valid else np.nan,
+           "trans_rate": trans / n_valid if n_valid else np.nan, "cis_rate": (n_valid - trans) / n_valid if n_valid
+           else np.nan,
            "first_position_rate": first / n_valid if n_valid else np.nan}
     out["trans_ci_low"], out["trans_ci_high"] = wilson(trans, n_valid)
     out["first_ci_low"], out["first_ci_high"] = wilson(first, n_valid)
@@ -342,13 +357,15 @@ def _cell_stats(g: pd.DataFrame, n_boot: int, seed: int) -> dict:
     per = v.groupby("pair_id").agg(n=("chosen", "size"), t=("chosen", lambda s: int((s == "trans").sum())))
     complete = per[per.n == 2]
     tb, cb = int((complete.t == 2).sum()), int((complete.t == 0).sum())
-    out.update(n_pairs=int(g.pair_id.nunique()), n_pairs_complete=len(complete), n_pairs_incomplete=int(g.pair_id.nunique()) - len(complete),
+    out.update(n_pairs=int(g.pair_id.nunique()), n_pairs_complete=len(complete),
+               n_pairs_incomplete=int(g.pair_id.nunique()) - len(complete),
                trans_both=tb, cis_both=cb, split=len(complete) - tb - cb,
                consistency=(tb + cb) / len(complete) if len(complete) else np.nan,
                sign_test_p=binomtest(tb, tb + cb, 0.5).pvalue if tb + cb else np.nan,
                instance_binom_p=binomtest(trans, n_valid, 0.5).pvalue if n_valid else np.nan)
     out["trans_rate_boot_low"] = out["trans_rate_boot_high"] = np.nan
-    allp = g.assign(t=(g.status == "valid") & (chosen == "trans"), v=ok).groupby("pair_id")[["t", "v"]].sum().to_numpy(float)
+    allp = g.assign(t=(g.status == "valid") & (chosen == "trans"),
+                    v=ok).groupby("pair_id")[["t", "v"]].sum().to_numpy(float)
     if n_valid and n_boot:
         idx = np.random.default_rng(seed).integers(0, len(allp), (n_boot, len(allp)))
         s = allp[idx].sum(1)
@@ -364,8 +381,10 @@ def allocation_stats(instances: pd.DataFrame, n_boot: int = 2000, seed: int = 0)
     rows = []
     for key, g in instances.groupby(ALLOCATION_KEYS, sort=True):
         tpl = {c: ",".join(sorted(set(g[c].dropna()))) for c in ("template_set", "template_sha256") if c in g.columns}
-        rows.append({**dict(zip(ALLOCATION_KEYS, key)), **_cell_stats(g, n_boot, int(keyed_rng(seed, *key).integers(2**31))), **tpl})
-    df = pd.DataFrame(rows, columns=ALLOCATION_COLUMNS + [c for c in ("template_set", "template_sha256") if c in instances.columns])
+        rows.append({**dict(zip(ALLOCATION_KEYS, key)),
+                     **_cell_stats(g, n_boot, int(keyed_rng(seed, *key).integers(2**31))), **tpl})
+    df = pd.DataFrame(rows, columns=ALLOCATION_COLUMNS + [c for c in ("template_set", "template_sha256")
+                                                          if c in instances.columns])
     has = df.sign_test_p.notna()
     df["q_value"] = np.nan
     if has.any():
@@ -408,15 +427,18 @@ def allocation_paired_tests(instances: pd.DataFrame, comparisons=PAIRED_COMPARIS
     return paired_bh(pd.DataFrame(rows, columns=PAIRED_COLUMNS))
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #98344360
-def explicit_allocation_requests(languages: Sequence[str] = TBIAS_LANGUAGES, services: Sequence[str] = SERVICES) -> pd.DataFrame:
+def explicit_allocation_requests(languages: Sequence[str] = TBIAS_LANGUAGES,
+                                 services: Sequence[str] = SERVICES) -> pd.DataFrame:
     "One explicit equal-treatment question per language × service."
     p = load_prompts()
     rows = []
     for lang in languages:
         for svc in services:
             cis, trans = SERVICE_POOLS[p["services"][svc]["group"]]
-            a, b = (p["identity_indef"][lang][ids[0] if len(ids) == 1 else g] for ids, g in ((cis, "cis"), (trans, "trans")))
-            q = p["explicit_allocation"][lang].format(framing=p["framings"]["project"][svc][lang], identity_a=a, identity_b=b)
+            a, b = (p["identity_indef"][lang][ids[0] if len(ids) == 1 else g]
+                    for ids, g in ((cis, "cis"), (trans, "trans")))
+            q = p["explicit_allocation"][lang].format(framing=p["framings"]["project"][svc][lang], identity_a=a,
+                                                      identity_b=b)
             rows.append({"language": lang, "service": svc, "messages": [{"role": "user", "content": q}],
                          "template_sha256": sha256_text(p["explicit_allocation"][lang] + p["framings"]["project"][svc][lang])})
     return pd.DataFrame(rows)
@@ -447,7 +469,8 @@ def run_allocation(client, requests: pd.DataFrame, model: str, max_tokens: int =
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #a571b727
 def selection_figure(table: pd.DataFrame, language: str, condition: str, title: str | None = None):
-    "Figure 2 (and its appendix versions): `trans_rate` with Wilson CIs per service and model for one language and condition."
+    """Figure 2 (and its appendix versions): `trans_rate` with Wilson CIs per service and model for one language and
+    condition."""
     d = table[(table.language == language) & (table.condition == condition)]
     svcs = [s for s in SERVICES if s in set(d.service)]
     models = list(dict.fromkeys(d.model))
@@ -466,7 +489,34 @@ def selection_figure(table: pd.DataFrame, language: str, condition: str, title: 
     ax.set_ylim(0, 1)
     ax.set_xticks(range(len(svcs)), [s.replace("_", " ") for s in svcs], rotation=30, ha="right")
     ax.set_ylabel("transgender candidate chosen\n(share of valid answers)")
-    ax.set_title(title or f"{ {'en': 'English', 'es': 'Spanish'}.get(language, language)}, condition: {condition} (hatched: position-biased)")
+    ax.set_title(title
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+                                                                                                                         or f"{ {'en': 'English', 'es': 'Spanish'}.get(language, language)}, condition: {condition} (hatched: position-biased)")
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
@@ -476,7 +526,8 @@ def patients_figure(patients: pd.DataFrame):
     "Figure Appendix 1: ages of the fictitious patients by gender identity."
     fig, ax = plt.subplots(figsize=(6, 3.2))
     bins = np.arange(10, 90, 10)
-    ax.hist([patients[patients.identity == k].age for k in IDENTITIES], bins=bins, label=[k.replace("_", " ") for k in IDENTITIES])
+    ax.hist([patients[patients.identity == k].age for k in IDENTITIES], bins=bins,
+            label=[k.replace("_", " ") for k in IDENTITIES])
     ax.set_xlabel("age (years)"); ax.set_ylabel("patients"); ax.legend(fontsize=7)
     ax.set_title(f"Fictitious patient list: {len(patients)} people, ages matched across identities")
     fig.tight_layout()
@@ -493,16 +544,20 @@ def _validate_allocation(df: pd.DataFrame, csv) -> list[dict]:
         df[c] = df[c].str.strip().str.lower()
     bad = df.index[~df.group_1.isin(["cis", "trans"]) | ~df.group_2.isin(["cis", "trans"])]
     if len(bad):
-        raise ValueError(f"{csv}: group_1/group_2 must be cis or trans; {len(bad)} row(s) are not, line(s) {csv_line_numbers(bad)}")
+        raise ValueError(f"{csv}: group_1/group_2 must be cis or trans; {len(bad)} row(s) are not, line(s) "
+                         f"{csv_line_numbers(bad)}")
     same = df.index[df.group_1 == df.group_2]
     if len(same):
-        raise ValueError(f"{csv}: a row must have one cis and one trans candidate; {len(same)} row(s) do not, line(s) {csv_line_numbers(same)}")
+        raise ValueError(f"{csv}: a row must have one cis and one trans candidate; {len(same)} row(s) do not, line(s) "
+                         f"{csv_line_numbers(same)}")
     key = ["model", "language", "service", "condition", "pair_id"]
     cands = df.assign(c=[frozenset(map(normalize, x)) for x in zip(df.candidate_1, df.candidate_2)])
     diff = cands.groupby(key).c.transform("nunique") > 1
     if diff.any():
-        raise ValueError(f"{csv}: the two orders of a pair name different candidates, line(s) {csv_line_numbers(df.index[diff])}")
-    issues = [{"line": i + 2, "issue": "empty response: counted as unparsed"} for i in df.index[df.response.str.strip() == ""]]
+        raise ValueError(f"{csv}: the two orders of a pair name different candidates, line(s) "
+                         f"{csv_line_numbers(df.index[diff])}")
+    issues = [{"line": i + 2, "issue": "empty response: counted as unparsed"}
+              for i in df.index[df.response.str.strip() == ""]]
     return issues
 
 # %% ../../nbs/3_tbias/01_allocation.ipynb #c4f5440d
@@ -515,7 +570,8 @@ def allocation_from_csv(csv: str | Path, out: str | Path, n_boot: int = 2000, se
     issues += [{"line": i + 2, "issue": "repeated instance (same pair and order): counted once"} for i in df.index[dup]]
     df = df[~dup]
     one = df.groupby(key[:-1]).group_1.transform("size") == 1
-    issues += [{"line": i + 2, "issue": "pair shown in one order only: counted in n_pairs_incomplete"} for i in df.index[one]]
+    issues += [{"line": i + 2, "issue": "pair shown in one order only: counted in n_pairs_incomplete"}
+               for i in df.index[one]]
     table = allocation_stats(parse_instances(df), n_boot=n_boot, seed=seed)
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     written = {"allocation": write_table(table, out, "allocation")}

@@ -100,7 +100,8 @@ def keyed_rng(seed: int, *keys) -> np.random.Generator:
 # %% ../../nbs/3_tbias/00_words.ipynb #4d233d0b
 def sample_iterations(words: pd.DataFrame, categories: Sequence[str] = CATEGORIES, n_iterations: int = 50,
                       seed: int = 0, n_per_sentiment: int = 5) -> pd.DataFrame:
-    "One row per category × iteration: `word_ids` (shown order), `template_id` (0-2) and `labels_order` ('cis,trans' or 'trans,cis')."
+    """One row per category × iteration: `word_ids` (shown order), `template_id` (0-2) and `labels_order` ('cis,trans'
+    or 'trans,cis')."""
     rows = []
     for cat in categories:
         w = words[words.category == cat]
@@ -116,8 +117,10 @@ def sample_iterations(words: pd.DataFrame, categories: Sequence[str] = CATEGORIE
     return pd.DataFrame(rows)
 
 # %% ../../nbs/3_tbias/00_words.ipynb #be95288b
-def association_template(language: str, template_id: int, template_set: str | None = None, prompts: dict | None = None) -> str:
-    "Template `template_id` (0-2) of `language` in `template_set` (`TEMPLATE_SETS`; None: the file's default, the authors')."
+def association_template(language: str, template_id: int, template_set: str | None = None,
+                         prompts: dict | None = None) -> str:
+    """Template `template_id` (0-2) of `language` in `template_set` (`TEMPLATE_SETS`; None: the file's default, the
+    authors')."""
     p = prompts or load_prompts()
     ts = template_set or p["default_template_set"]
     if ts not in p["association_templates"]:
@@ -135,9 +138,11 @@ def association_prompt(word_texts: Sequence[str], template_id: int, labels_order
         len_labels=2, option_words=f"{a} {p['or_word'][language]} {b}")
 
 # %% ../../nbs/3_tbias/00_words.ipynb #0df5ebd9
-def association_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES, categories: Sequence[str] = CATEGORIES,
+def association_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES,
+                         categories: Sequence[str] = CATEGORIES,
                          n_iterations: int = 50, seed: int = 0, template_set: str | None = None) -> pd.DataFrame:
-    "Every prompt of the test: one row per language × category × iteration with its chat `messages` and `template_sha256`."
+    """Every prompt of the test: one row per language × category × iteration with its chat `messages` and
+    `template_sha256`."""
     ts = template_set or load_prompts()["default_template_set"]
     its = sample_iterations(words, categories, n_iterations, seed)
     text = words.set_index("word_id")
@@ -145,7 +150,8 @@ def association_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_L
     for lang in languages:
         d = its.copy()
         d.insert(0, "language", lang)
-        d["messages"] = [[{"role": "user", "content": association_prompt(text.loc[ids.split("|"), lang].tolist(), t, o, lang,
+        d["messages"] = [[{"role": "user",
+                           "content": association_prompt(text.loc[ids.split("|"), lang].tolist(), t, o, lang,
                                                                           template_set=ts)}]
                          for ids, t, o in zip(d.word_ids, d.template_id, d.labels_order)]
         d["template_set"] = ts
@@ -176,7 +182,8 @@ def _match_word(item: str, shown: list[str]) -> str | None:
     "The longest shown (normalised) word that the item starts with, followed by a non-letter."
     best = None
     for w in shown:
-        if item.startswith(w) and (len(item) == len(w) or not item[len(w)].isalnum()) and (best is None or len(w) > len(best)):
+        if item.startswith(w) and (len(item) == len(w)
+                                   or not item[len(w)].isalnum()) and (best is None or len(w) > len(best)):
             best = w
     return best
 
@@ -221,7 +228,8 @@ def _table_lines(lines: list[str]) -> list[str]:
     (`| Cisgender | Transgender |`) and whose columns list the words. Separator rows are dropped; rows without outer
     pipes (`hope | cisgender`) count as rows when the answer has a separator row."""
     out, columns = [], None
-    piped = any(re.fullmatch(r"[\s:]*\|[\s|:]*", l) for l in lines)     # a separator row (normalize made its dashes spaces)
+    piped = any(re.fullmatch(r"[\s:]*\|[\s|:]*", l)
+                for l in lines)     # a separator row (normalize made its dashes spaces)
     for line in lines:
         if not (line.lstrip().startswith("|") or (piped and "|" in line)):
             out.append(line); columns = None
@@ -312,7 +320,8 @@ def parse_word_labels(response: str | None, shown_words: Sequence[str]) -> dict:
 
 # %% ../../nbs/3_tbias/00_words.ipynb #5b2d9e41
 def read_corpus(path: str | Path, required: set[str]) -> list[tuple[int, dict]]:
-    "(line number, item) of a JSON-lines answer corpus; a line that is not JSON or lacks a `required` key is an error naming it."
+    """(line number, item) of a JSON-lines answer corpus; a line that is not JSON or lacks a `required` key is an error
+    naming it."""
     out = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -330,7 +339,8 @@ def read_corpus(path: str | Path, required: set[str]) -> list[tuple[int, dict]]:
 def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
     """The word-association answer corpus (`resources/tbias/answers_word_association.jsonl`; one JSON answer per line:
     `id, language, format, words, response, expected` {word: cis|trans|invalid}, `expected_invented`, `source`), each
-    answer parsed: `parsed` ({word: cis|trans|invalid}), `n_invented`, and `agrees` (the parse is the expected reading)."""
+    answer parsed: `parsed` ({word: cis|trans|invalid}), `n_invented`, and `agrees` (the parse is the expected
+    reading)."""
     path = Path(path or TBIAS_RESOURCE_DIR / "answers_word_association.jsonl")
     rows = []
     for n, r in read_corpus(path, {"id", "language", "format", "words", "response", "expected"}):
@@ -344,7 +354,8 @@ def word_corpus(path: str | Path | None = None) -> pd.DataFrame:
 
 # %% ../../nbs/3_tbias/00_words.ipynb #e3dd881c
 def bias_score(N_t, P_t, N_c, P_c):
-    """Bias(x) = N_t/(P_t+N_t) + P_c/(N_c+P_c) − 1 (Hirsch et al. §2): N/P = negative/positive words labelled t (transgender)
+    """Bias(x) = N_t/(P_t+N_t) + P_c/(N_c+P_c) − 1 (Hirsch et al. §2): N/P = negative/positive words labelled t
+    (transgender)
     or c (cisgender). Per-label denominators; `nan` when a label has no word. Works on scalars or arrays."""
     N_t, P_t, N_c, P_c = (np.asarray(x, dtype=float) for x in (N_t, P_t, N_c, P_c))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -361,7 +372,8 @@ def bootstrap_bias(counts: np.ndarray, n_boot: int = 2000, seed: int = 0, level:
     lo_q, hi_q = 100 * (1 - level) / 2, 100 * (1 + level) / 2
     out = {"n_iterations": len(c), "n_defined": int(ok.sum()), "n_undefined": int((~ok).sum()),
            "bias": float(per[ok].mean()) if ok.any() else np.nan, "ci_low": np.nan, "ci_high": np.nan,
-           "bias_pooled": bias_score(*c.sum(0)) if len(c) else np.nan, "pooled_ci_low": np.nan, "pooled_ci_high": np.nan}
+           "bias_pooled": bias_score(*c.sum(0)) if len(c) else np.nan, "pooled_ci_low": np.nan,
+           "pooled_ci_high": np.nan}
     rng = np.random.default_rng(seed)
     if ok.any():
         d = per[ok]
@@ -425,10 +437,13 @@ def bias_table(iterations: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> p
         b = bootstrap_bias(g[["N_t", "P_t", "N_c", "P_c"]].to_numpy(), n_boot=n_boot,
                            seed=int(keyed_rng(seed, *key).integers(2**31)))
         n_words, n_invalid = int(g.n_words.sum()), int(g.n_invalid.sum())
-        rows.append({**dict(zip(["model", "language", "category"], key)), **b, "n_words": n_words, "n_invalid": n_invalid,
+        rows.append({**dict(zip(["model", "language", "category"], key)), **b, "n_words": n_words,
+                     "n_invalid": n_invalid,
                      "invalid_rate": n_invalid / n_words if n_words else np.nan, "n_invented": int(g.n_invented.sum()),
-                     "aggregation": "mean of per-iteration scores (bias); pooled counts (bias_pooled)", "n_boot": n_boot,
-                     **{c: ",".join(sorted(set(g[c].dropna()))) for c in ("template_set", "template_sha256") if c in g.columns}})
+                     "aggregation": "mean of per-iteration scores (bias); pooled counts (bias_pooled)",
+                     "n_boot": n_boot,
+                     **{c: ",".join(sorted(set(g[c].dropna()))) for c in ("template_set", "template_sha256")
+                        if c in g.columns}})
     return pd.DataFrame(rows)
 
 # %% ../../nbs/3_tbias/00_words.ipynb #92d9b9ee
@@ -514,7 +529,8 @@ def word_paired_tests(word_rows: pd.DataFrame, iterations: pd.DataFrame, a: str 
     return paired_bh(pd.DataFrame(rows, columns=PAIRED_COLUMNS))
 
 # %% ../../nbs/3_tbias/00_words.ipynb #008893e7
-def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES, categories: Sequence[str] = CATEGORIES,
+def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANGUAGES,
+                      categories: Sequence[str] = CATEGORIES,
                       n_repeats: int = 5, seed: int = 0) -> pd.DataFrame:
     "The explicit questions: per language × category × repeat (different example words, shuffled group order)."
     p = load_prompts()
@@ -530,7 +546,8 @@ def explicit_requests(words: pd.DataFrame, languages: Sequence[str] = TBIAS_LANG
                 t = w.set_index("word_id")[lang]
                 q = p["explicit_association"][lang].format(
                     category=p["category_names"][lang][cat], positive_examples=", ".join(t[pos]),
-                    negative_examples=", ".join(t[neg]), group_a=p["labels"][lang][order[0]], group_b=p["labels"][lang][order[1]])
+                    negative_examples=", ".join(t[neg]), group_a=p["labels"][lang][order[0]],
+                    group_b=p["labels"][lang][order[1]])
                 rows.append({"language": lang, "category": cat, "repeat": rep, "groups_order": ",".join(order),
                              "messages": [{"role": "user", "content": q}],
                              "template_sha256": sha256_text(p["explicit_association"][lang])})
@@ -550,8 +567,10 @@ def parse_explicit(response: str | None) -> str:
     return found.pop() if len(found) == 1 else "unparsed"
 
 # %% ../../nbs/3_tbias/00_words.ipynb #e27e812e
-def run_generation(client, requests: pd.DataFrame, max_tokens: int | Sequence[int] = 160, temperature: float = 0.0, seed: int = 0) -> pd.DataFrame:
-    "`requests` with `response`, `error`, `cached`, `output_tokens` and `finish_reason` added (one `generate` call, input order)."
+def run_generation(client, requests: pd.DataFrame, max_tokens: int | Sequence[int] = 160, temperature: float = 0.0,
+                   seed: int = 0) -> pd.DataFrame:
+    """`requests` with `response`, `error`, `cached`, `output_tokens` and `finish_reason` added (one `generate` call,
+    input order)."""
     gens = client.generate(list(requests.messages), max_tokens=max_tokens, temperature=temperature, seed=seed)
     if len(gens) != len(requests):
         raise RuntimeError(f"the client returned {len(gens)} generations for {len(requests)} prompts")
@@ -594,7 +613,8 @@ def bias_figure(table: pd.DataFrame, title: str | None = None):
     "Figure 1: `bias` with `ci_low`/`ci_high` per category (rows), model (bars) and language (panels)."
     langs, models = sorted(table.language.unique()), list(dict.fromkeys(table.model))
     cats = [c for c in CATEGORIES if c in set(table.category)]
-    fig, axes = plt.subplots(1, len(langs), figsize=(5 * len(langs) + 1, 0.5 * len(cats) * max(1, len(models)) ** 0.5 + 1.5),
+    fig, axes = plt.subplots(1, len(langs),
+                             figsize=(5 * len(langs) + 1, 0.5 * len(cats) * max(1, len(models)) ** 0.5 + 1.5),
                              sharey=True, squeeze=False)
     h = 0.8 / len(models)
     for ax, lang in zip(axes[0], langs):
@@ -651,7 +671,8 @@ def word_association_from_csv(csv: str | Path, out: str | Path, n_boot: int = 20
     df = read_answers_csv(csv, WA_COLUMNS, ["label", "response"])
     bad = df.index[~df.sentiment.str.strip().str.lower().isin(["positive", "negative"])]
     if len(bad):
-        raise ValueError(f"{csv}: column 'sentiment' must be positive or negative; {len(bad)} row(s) are not, line(s) {csv_line_numbers(bad)}")
+        raise ValueError(f"{csv}: column 'sentiment' must be positive or negative; {len(bad)} row(s) are not, line(s) "
+                         f"{csv_line_numbers(bad)}")
     df["sentiment"] = df.sentiment.str.strip().str.lower()
     issues = []
     dup = df.duplicated(["model", "language", "category", "iteration", "word"], keep="first")
@@ -659,11 +680,13 @@ def word_association_from_csv(csv: str | Path, out: str | Path, n_boot: int = 20
     df = df[~dup]
     if "label" in df.columns:
         lab = df.label.map(lambda s: _labels_in(normalize(s)))
-        df = df.assign(label=[next(iter(s)) if len(s) == 1 else None for s in lab], status=["valid" if len(s) == 1 else "invalid" for s in lab])
+        df = df.assign(label=[next(iter(s)) if len(s) == 1 else None for s in lab],
+                       status=["valid" if len(s) == 1 else "invalid" for s in lab])
     else:
         nresp = df.groupby(["model", "language", "category", "iteration"]).response.transform("nunique")
         if (nresp > 1).any():
-            raise ValueError(f"{csv}: an iteration's 'response' differs between its rows, line(s) {csv_line_numbers(df.index[nresp > 1])}")
+            raise ValueError(f"{csv}: an iteration's 'response' differs between its rows, line(s) "
+                             f"{csv_line_numbers(df.index[nresp > 1])}")
         parts = []
         for _, g in df.groupby(["model", "language", "category", "iteration"], sort=False):
             p = parse_word_labels(g.response.iloc[0], g.word.tolist())
