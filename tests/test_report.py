@@ -227,7 +227,7 @@ def test_unfit_models_greyed_and_never_no_bias(run):
     assert "RF: fit for audit (kappa_w 0.50 [0.41, 0.58]). Its bias metrics are not in this run." in summary
     bias = h[h.index("<section id='bias'>"):h.index("<section id='levels'>")]
     assert "<th rowspan=2 class='unfit'>FT</th>" in bias and "class='banner unfit'" in bias
-    assert "<th colspan=2>FS</th>" in bias and "null twin" in bias       # the null control beside the model
+    assert "<th rowspan=2>FS</th>" in bias and "null twin</th>" not in bias # the deprecated single-twin columns: ignored
     levels = h[h.index("<section id='levels'>"):h.index("<section id='pretraining'>")]
     assert levels.count("<tr class='group unfit'>") == 2                 # FT in Table 6 and in Table 7
     impact = h[h.index("<section id='impact'>"):h.index("<section id='appendix'>")]

@@ -5,6 +5,7 @@
 # %% ../../nbs/1_audit/08_metrics.ipynb #6b6648aa
 from __future__ import annotations
 
+import re
 import warnings
 import zlib
 from pathlib import Path
@@ -25,17 +26,17 @@ from .predict import expected_level
 # %% auto #0
 __all__ = ['DIRECTIONS', 'METRICS', 'METRIC_NEEDS', 'PAIR_SUMS', 'REQUIRED_COLUMNS', 'OPTIONAL_COLUMNS', 'DEFAULT_MODEL',
            'TABLE3_COLUMNS', 'BASELINE_MODELS', 'REFERENCE_MODELS', 'FITNESS_COLUMNS', 'TABLE7_COUNTS',
-           'PRETRAINING_METRICS', 'NULL_COLUMNS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK',
-           'EXPECTED_METRICS', 'PERMUTATION_COLUMNS', 'TEST_COLUMNS', 'UNTESTED', 'LEVEL_TESTS', 'NATIONAL_ED_VISITS',
+           'PRETRAINING_METRICS', 'SIGNED_METRICS', 'TESTED_METRICS', 'PRIMARY_CHECK', 'EXPECTED_METRICS',
+           'PERMUTATION_COLUMNS', 'TEST_COLUMNS', 'UNTESTED', 'LEVEL_TESTS', 'MODEL_ORDER', 'NATIONAL_ED_VISITS',
            'FIGURE4_METRICS', 'pdr', 'p_up', 'p_down', 'dts', 'nats_up', 'nats_down', 'nmdf', 'female_skew',
            'point_metrics', 'nmdf_expected', 'pair_sums', 'metrics_from_sums', 'bootstrap_metrics',
            'validate_prediction_pairs', 'group_rng', 'table3', 'format_table3', 'kappa_w_ci', 'fitness_verdict',
            'fitness_table', 'add_fitness', 'discordance_by_level', 'odds_ratio_2x2', 'or_table_from_counts',
            'or_by_level', 'paired_comparison', 'pretraining_comparison', 'exceeds_null', 'null_comparison',
-           'add_null_columns', 'null_false_positive', 'metric_alternative', 'mde', 'rank_p', 'rank_decides', 'rank_mde',
-           'null_test', 'training_ci', 'permutation_test', 'add_test_columns', 'add_level_tests', 'impact_table',
-           'figure3_forest', 'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics',
-           'metrics_from_csv']
+           'null_false_positive', 'metric_alternative', 'mde', 'rank_p', 'rank_decides', 'rank_mde', 'null_test',
+           'training_ci', 'permutation_test', 'add_test_columns', 'add_level_tests', 'scored_models', 'audited_models',
+           'null_emulators', 'null_sets', 'tested_models', 'level_null_tables', 'impact_table', 'figure3_forest',
+           'figure4_audited_models', 'read_pairs_csv', 'read_null_pairs', 'null_emulator_metrics', 'metrics_from_csv']
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #14903674
 DIRECTIONS = ("M_to_F", "F_to_M")
@@ -571,9 +572,6 @@ def pretraining_comparison(pairs: pd.DataFrame, ft_model: str = "FT", fs_model: 
     "NATS_up and NATS_down (or any `metrics`) of the FT and FS models on the same pairs, and FT − FS (section 2.5)."
     return paired_comparison(pairs, ft_model, fs_model, condition, n_boot, seed, ci_method, confidence, metrics)
 
-# %% ../../nbs/1_audit/08_metrics.ipynb #52262456
-NULL_COLUMNS = ["null_estimate", "null_ci_low", "null_ci_high", "diff_ci_low", "diff_ci_high", "exceeds_null"]
-
 # %% ../../nbs/1_audit/08_metrics.ipynb #921966aa
 def exceeds_null(estimate: float, ci_low: float, ci_high: float, null_estimate: float, diff_ci_low: float,
                  diff_ci_high: float):
@@ -601,18 +599,6 @@ def null_comparison(pairs: pd.DataFrame, model: str, null_model: str, n_boot: in
                              exceeds_null=exceeds_null(a.estimate, a.ci_low, a.ci_high, b.estimate, d.ci_low,
                                                        d.ci_high)))
     return pd.DataFrame(rows)
-
-# %% ../../nbs/1_audit/08_metrics.ipynb #b6989871
-def add_null_columns(t3: pd.DataFrame, comparisons: Iterable[pd.DataFrame]) -> pd.DataFrame:
-    "`t3` with the `NULL_COLUMNS` of `null_comparison` results (empty for models without a null twin)."
-    comps = [c for c in comparisons if len(c)]
-    if not comps:
-        return t3.assign(**{c: np.nan for c in NULL_COLUMNS[:-1]},
-                         exceeds_null=pd.array([pd.NA] * len(t3), dtype="boolean"))
-    nc = pd.concat(comps, ignore_index=True)
-    out = t3.merge(nc, on=["model", "condition", "metric"], how="left", validate="one_to_one")
-    out["exceeds_null"] = out["exceeds_null"].astype("boolean")
-    return out
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #87405982
 #: Metrics whose value is 0 when the model does not react to the sex in either direction (signed differences).
@@ -925,6 +911,45 @@ def add_level_tests(table: pd.DataFrame, null_table: pd.DataFrame | None, values
         out[f"{v}_finding"] = f & sig
     return out
 
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a02
+#: The order of the audited models in the tables: the paper's emulators, then the synthetic cohort's oracle.
+MODEL_ORDER = ("FT", "FS", "RF", "MLP", "oracle")
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a03
+def scored_models(pred_dir: Path) -> dict[str, Path]:
+    "The scored pair files of stage `08_predict` in `pred_dir`: {model: path}, the Table 2 files `test_*` aside."
+    return {f.stem: f for f in sorted(Path(pred_dir).glob("*.parquet")) if not f.stem.startswith("test_")}
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a04
+def audited_models(names: Iterable[str], order: Iterable[str] = MODEL_ORDER) -> list[str]:
+    "The audited (non-null) models among `names`: those of `order` first, in that order, then the others by name."
+    names, order = list(names), list(order)
+    return [m for m in order if m in names] + sorted(m for m in names if m not in order and "_null" not in m)
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a11
+def null_emulators(names: Iterable[str]) -> list[str]:
+    "The null emulators among `names` (a name with `_null`: stage `04_null_control`'s), sorted by name."
+    return sorted(n for n in names if "_null" in n)
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a05
+def null_sets(models: Iterable[str], names: Iterable[str]) -> dict[str, list[str]]:
+    "Each model's null emulators among `names`: `<model>_null`, `<model>_null1`, … (sorted by name)."
+    return {m: [n for n in null_emulators(names) if re.fullmatch(rf"{re.escape(m)}_null\d*", n)] for m in models}
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a06
+def tested_models(sets: Mapping[str, list[str]], k_min: int = 2) -> dict[str, list[str]]:
+    "The models the audit's test can decide for: those with at least `k_min` null emulators."
+    return {m: ns for m, ns in sets.items() if len(ns) >= k_min}
+
+# %% ../../nbs/1_audit/08_metrics.ipynb #e40d0a09
+def level_null_tables(table_of, null_pairs: pd.DataFrame | None) -> pd.DataFrame | None:
+    """`table_of` (e.g. `discordance_by_level`, `or_by_level`) on each null emulator's pairs of `null_pairs` (a
+    `null_id` column), stacked with their `null_id`; None without null pairs."""
+    if null_pairs is None:
+        return None
+    return pd.concat([table_of(g.drop(columns="null_id")).assign(null_id=k)
+                      for k, g in null_pairs.groupby("null_id", sort=False)])
+
 # %% ../../nbs/1_audit/08_metrics.ipynb #4c4edfa1
 #: Annual ED visits used in the paper's Discussion.
 NATIONAL_ED_VISITS = {"France": 20.9e6, "United States": 155.4e6}
@@ -1031,8 +1056,7 @@ FIGURE4_METRICS = ("PDR", "female_skew", "NATS_up", "NATS_down")
 def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: Iterable[str] = FIGURE4_METRICS,
                            title: str | None = None):
     """Figure 4: the headline metrics of every audited model in one `condition` (filled: the estimate with the test's
-    training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range, or the
-    single null twin; ★: a finding); models not fit for audit in grey, labelled so. Returns the figure."""
+    training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range; ★: a finding); models not fit for audit in grey, labelled so. Returns the figure."""
     metrics = list(metrics)
     t = t3[(t3.condition == condition) & t3.metric.isin(metrics)]
     models = _ordered(t.model)
@@ -1053,10 +1077,6 @@ def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: I
             if np.isfinite(med):
                 ax.errorbar(100 * med, i + 0.3, xerr=[[100 * (med - r.null_q025)], [100 * (r.null_q975 - med)]],
                             fmt="o", mfc="white", color=color, capsize=2, ms=5)
-            elif "null_estimate" in sub and np.isfinite(r.get("null_estimate", np.nan)):
-                ax.errorbar(100 * r.null_estimate, i + 0.3, xerr=[[100 * (r.null_estimate - r.null_ci_low)],
-                            [100 * (r.null_ci_high - r.null_estimate)]], fmt="o", mfc="white", color=color, capsize=2,
-                            ms=5)
             if r.get("finding") is True:
                 ax.annotate("★", (100 * r.estimate, i), xytext=(0, 6), textcoords="offset points", ha="center",
                             color="#d62728")

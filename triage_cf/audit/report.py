@@ -782,24 +782,22 @@ def metric_label(metric: str) -> str:
 # %% ../../nbs/1_audit/13_report.ipynb #1c7c8126
 def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -> tuple[pd.DataFrame, dict]:
     """Table 3 wide: a row per (view, metric), a column per model and beside it 'null emulators' (their median and 95%
-    range) where the model was tested, else 'null twin' where it has one; cells `estimate [CI]`, ★ for a finding.
-    Returns the frame and the column classes."""
+    range) where the model was tested; cells `estimate [CI]`, ★ for a finding. Returns the frame and the column
+    classes. The deprecated single-twin columns of older run folders are ignored."""
     if t3 is None or not len(t3):
         return pd.DataFrame(), {}
     t3 = t3.assign(**{model_col: t3[model_col].astype(str)})
     models = list(dict.fromkeys(t3[model_col]))
     has_test = {m for m in models if "null_median" in t3.columns
                 and t3.loc[t3[model_col] == m, "null_median"].map(num).notna().any()}
-    has_null = has_test | {m for m in models if "null_estimate" in t3.columns
-                           and (t3.loc[t3[model_col] == m, "null_estimate"].astype(str) != "").any()}
     seen = list(dict.fromkeys(t3.condition))
     views = [v for v in VIEWS if v in seen] + [v for v in seen if v not in VIEWS]
     order = list(METRICS) + [m for m in dict.fromkeys(t3.metric) if m not in METRICS]
     fits, cols, rows = _fit_of(fit), {}, []
     for m in models:
-        keys = [(m, "audit"), (m, "null emulators" if m in has_test else "null twin")] if m in has_null else [(m, "")]
+        keys = [(m, "audit"), (m, "null emulators")] if m in has_test else [(m, "")]
         unfit = any(fits.get(x) is False for x in [m, *m.split("-")])   # FT-FS: a difference of two models
-        cols.update({k: "unfit" if unfit else ("null" if k[1] in ("null twin", "null emulators") else "")
+        cols.update({k: "unfit" if unfit else ("null" if k[1] == "null emulators" else "")
                      for k in keys})
     index = {(r["condition"], r["metric"], r[model_col]): r for r in t3.to_dict("records")}
     for v in views:
@@ -807,21 +805,12 @@ def table3_wide(t3: pd.DataFrame, fit: pd.DataFrame, model_col: str = "model") -
             row = {("view", ""): VIEW_WORDS.get(v, (v,))[0], ("metric", ""): metric_label(metric)}
             for m in models:
                 r = index.get((v, metric, m))
-                if m in has_null:
+                if m in has_test:   # the null distribution: median [95% range] (empty where the row is not tested)
                     row[(m, "audit")] = metric_cell(r, stack=True)
-                    if m in has_test:   # the null distribution: median [95% range] (rows outside the test: the twin, if any)
-                        got = r is not None and not np.isnan(num(r.get("null_median", np.nan)))
-                        nr = None if r is None else ({"metric": metric, "estimate": r.get("null_median"),
-                                                      "ci_low": r.get("null_q025"),
-                                                      "ci_high": r.get("null_q975")} if got else
-                                                     {"metric": metric, "estimate": r.get("null_estimate", ""),
-                                                      "ci_low": r.get("null_ci_low", ""),
-                                                      "ci_high": r.get("null_ci_high", "")})
-                        row[(m, "null emulators")] = metric_cell(nr, stack=True)
-                    else:
-                        nr = None if r is None else {"metric": metric, "estimate": r.get("null_estimate"),
-                                                     "ci_low": r.get("null_ci_low"), "ci_high": r.get("null_ci_high")}
-                        row[(m, "null twin")] = metric_cell(nr, stack=True)
+                    got = r is not None and not np.isnan(num(r.get("null_median", np.nan)))
+                    nr = {"metric": metric, "estimate": r.get("null_median"), "ci_low": r.get("null_q025"),
+                          "ci_high": r.get("null_q975")} if got else None
+                    row[(m, "null emulators")] = metric_cell(nr, stack=True)
                 else:
                     row[(m, "")] = metric_cell(r, stack=True)
             rows.append(row)
@@ -861,8 +850,7 @@ def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
                               note=(f"Pairs per model: {html.escape(n)}. " if n
                                     else "") + "★: a finding of the audit's test (Table "
                               "'The audit's test' below); null emulators: their median and 95% range; '-': undefined "
-                              "(hover "
-                              "for why). The CSV keeps the single-twin rule's deprecated exceeds_null column.")]
+                              "(hover for why).")]
     parts.append(figure_of(rt, "figure3_bias_metrics", "Bias metrics (estimates with 95% CIs) by model and condition.",
                            "3"))
     nc = rt.take_table("null_control")
