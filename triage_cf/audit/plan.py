@@ -34,11 +34,15 @@ __all__ = ['N_REF', 'CPU_MEASURED', 'PROMPT_TOKENS', 'PROMPT_PROXY', 'GPU_SPECS'
 # %% ../../nbs/1_audit/11_plan.ipynb #a96f0963
 #: Reference model of the CPU measurements (SmolLM2-135M-Instruct), parameter count.
 N_REF = 134_515_008
+
+# %% ../../nbs/1_audit/11_plan.ipynb #5440a5d4
 #: CPU throughputs measured on the development machine (2 idle cores) and where each comes from.
 CPU_MEASURED = {
     "lora_train_tokens_per_s": 237.0,       # README (cpu-ft run, idle); benchmarks/results/inference.json train: 238.7
-    "score_tokens_per_s": 2.981937672054511 * 264.1953125,  # inference.json paths.fast (chain default) x mean prompt tokens
-    "light_stage_s": 10.5,                  # make reproduce, 2026-12-01 (two runs): 03_split, 03e, 05, 09 of both cohorts, 8.9-13.3 s
+    # inference.json paths.fast (chain default) x mean prompt tokens
+    "score_tokens_per_s": 2.981937672054511 * 264.1953125,
+    # make reproduce, 2026-12-01 (two runs): 03_split, 03e, 05, 09 of both cohorts, 8.9-13.3 s
+    "light_stage_s": 10.5,
     "metrics_stage_s": 23.0,                # 09_metrics of the same runs (22-24 s; 1,000 resamples, 8 models)
     # 06_baselines cells of the same runs (baseline_threads 2; mean of the two), CPU-s per training record: each model's
     # fit + its test predictions (100 test records in 3 views); the MLP's (`MLP_fit`) less its MiniLM embeddings of the
@@ -72,6 +76,8 @@ CPU_MEASURED = {
                           "fr": 60 / 26100},  # recovery condition CPU-s / (3 x 7,500 trained + 3,600 scored)
     "recovery_cpu_s_per_condition": {"en": 84.0, "fr": 127.0},   # README, recovery study (every test pair scored)
 }
+
+# %% ../../nbs/1_audit/11_plan.ipynb #e2f7d39a
 #: Measured mean / max prompt tokens per view (SmolLM2 tokenizer, 300 default-profile cohort records; the demo's 207).
 PROMPT_TOKENS = {
     "synth-en": {"full": (294.6, 341), "text_iso": (290.6, 337), "tab_iso": (232.3, 235)},
@@ -81,6 +87,8 @@ PROMPT_TOKENS = {
 }
 #: Datasets without measured prompts: the synthetic twin of the same raw schema, or None (prompts fill ft_max_length).
 PROMPT_PROXY = {"chu-bordeaux": "synth-fr", "mimic-iv-ed": None}
+
+# %% ../../nbs/1_audit/11_plan.ipynb #d81d38a1
 #: bf16 dense peak (TFLOP/s) and memory (GB) of common GPUs (vendor data sheets).
 GPU_SPECS = {"A100": (312.0, 80.0), "H100": (989.0, 80.0), "H200": (989.0, 141.0), "L40S": (362.0, 48.0),
              "L4": (121.0, 24.0), "A10": (125.0, 24.0)}
@@ -130,18 +138,17 @@ def _smollm2_config() -> tuple[dict, str]:
 # %% ../../nbs/1_audit/11_plan.ipynb #f0b73840
 def model_config(ft_model: str) -> tuple[dict, str]:
     "(architecture, where it was read) of `ft_model`: 'smollm2', 'tiny-llama' or a local model folder."
-    if ft_model == "tiny-llama":  # nbs/1_audit/stages/05_emulator.ipynb: tiny_causal_lm("llama", tiny_tokenizer(corpus, 1024), 64, 2)
+    if ft_model == "tiny-llama":
+        # nbs/1_audit/stages/05_emulator.ipynb: tiny_causal_lm("llama", tiny_tokenizer(corpus, 1024), 64, 2)
         return dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    intermediate_size=128,
-                    vocab_size=1024, head_dim=16,
+                    intermediate_size=128, vocab_size=1024, head_dim=16,
                     tie_word_embeddings=False), "triage_cf.audit.emulator.tiny_causal_lm (05_emulator)"
     if ft_model == "smollm2":
         return _smollm2_config()
     path = Path(ft_model) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"ft_model {ft_model!r}: no {path}; give a local Hugging Face model folder (plan reads "
-                                "its "
-                                "config.json; nothing is downloaded)")
+                                "its config.json; nothing is downloaded)")
     return _from_config_json(path), str(path)
 
 # %% ../../nbs/1_audit/11_plan.ipynb #a7709160
@@ -205,7 +212,8 @@ def dataset_sizes(dataset: str, params: dict, run_dir: str | Path | None = None)
     test = round(cohort * float(params.get("test_size", 0.5)))
     out = {"records": records, "cohort": cohort, "train": cohort - test, "test": test,
            "basis": "estimated (manifest sizes)"}
-    n_rec, n_coh, split = _parquet_rows(paths.data / "records.parquet"), _parquet_rows(paths.data / "cohort.parquet"), paths.data / "split.parquet"
+    n_rec, n_coh, split = (_parquet_rows(paths.data / "records.parquet"), _parquet_rows(paths.data / "cohort.parquet"),
+                           paths.data / "split.parquet")
     if n_rec is not None and n_coh is not None and split.exists():
         try:
             s = pq.read_table(split, columns=["split"]).column("split").to_pylist()
@@ -261,7 +269,8 @@ def workload(dataset: str, params: dict, sizes: dict) -> dict:
 def fs_flops_per_token(settings: dict, seq: float, kind: str) -> float:
     """FLOPs per token of the FS RoBERTa of `settings` on texts of `seq` tokens: `kind` 'score' (forward), 'train'
     (classifier fine-tuning, forward and backward) or 'mlm' (MLM pre-training, with the LM head)."""
-    h, L, I, V = settings["hidden_size"], settings["num_hidden_layers"], settings["intermediate_size"], settings["vocab_size"]
+    h, L, I, V = (settings["hidden_size"], settings["num_hidden_layers"], settings["intermediate_size"],
+                  settings["vocab_size"])
     enc = L * (2 * (4 * h * h + 2 * h * I) + 4 * seq * h)
     if kind == "score":
         return float(enc)
@@ -298,12 +307,10 @@ def _fs_seconds(wl: dict, n_train: int, n_scored: int, gpu: tuple | None) -> flo
                    for k, f in flops.items())
     return sum(f / CPU_MEASURED["fs_flops_per_s"][k] for k, f in flops.items())
 
-# %% ../../nbs/1_audit/11_plan.ipynb #ec9eccaf
-def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang: str, tiny: bool,
-                  gpu: tuple | None) -> float | None:
-    "Estimated wall seconds of `stage` (None: nothing measured to estimate it from)."
+# %% ../../nbs/1_audit/11_plan.ipynb #e1f14ee4
+def _light_seconds(stage: str, params: dict, sizes: dict, lang: str) -> float | None:
+    "Seconds of a light stage: the measured light-stage time plus its per-record work (None: not a light stage)."
     light = CPU_MEASURED["light_stage_s"]
-    ms = lambda tokens, prompts, kind: _model_seconds(tokens, prompts, kind, n, lang, tiny, gpu)
     if stage == "01_data":
         return light + sizes["records"] * CPU_MEASURED["data_s_per_record"]
     if stage == "02_cohort":
@@ -314,149 +321,125 @@ def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang:
         return light
     if stage == "09_metrics":
         return light + (CPU_MEASURED["metrics_stage_s"] - light) * int(params.get("n_boot", 1000)) / 1000
-    twins = wl.get("null_twins", {})
-    ft_runs = 1 + twins.get("FT", 0)   # the FT model and its null twins: each trained, and each scores the pairs
-    if stage == "05_emulator":
-        return (light + ft_runs * ms(wl["train_tokens"], wl["ft_train"] * wl["epochs"], "train")
-                + ms(ft_runs * wl["val_tokens"] + wl["eval_tokens"],
-                     ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD),
-                     "score"))
-    slow = 1.0 if int(params.get("baseline_threads") or 1) >= 2 else CPU_MEASURED["one_thread_factor"]
-    per = CPU_MEASURED["text_s_per_text"][lang]
-    # MiniLM (the MLP's input) follows baseline_threads; on a GPU (SentenceEncoder uses CUDA when present) its CPU time
-    # x the CPU / GPU FLOP-rate ratio
-    minilm = per["MiniLM"] * (slow if gpu is None
-                              else CPU_MEASURED["fs_flops_per_s"]["score"] / (gpu[0] * 1e12 * GPU_UTILISATION["score"]))
-    n_fs = 1 + twins.get("FS", 0)
-    # FS: the measured time of the small (overhead-bound) FS, or its FLOPs where those take longer (the paper's size)
-    fs_time = lambda measured, flop_s: n_fs * (flop_s if gpu is not None else max(measured, flop_s) * slow)
-    if stage == "06_baselines":
-        rate, n = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"]
-        test_texts = wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD)   # 04b scores the views 05_emulator scored
-        k_mlp = twins.get("MLP", 0)   # the first null MLP re-embeds the notes the permutation changed, the others refit
-        fit = (n * (rate["RF"] + twins.get("RF",
-                                           0) * rate["RF_null"] + rate["MLP_fit"] + min(k_mlp,
-                                                                                        1) * rate["MLP_null"] * slow)
-               + max(k_mlp - 1, 0) * CPU_MEASURED["MLP_refit_s"])
-        mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in the FT's views
-        fs_n = wl.get("fs_train", n)   # FS trains on its own subsample (fs_train_n)
-        return light + fit + mlp + fs_time(rate["FS"] * fs_n, _fs_seconds(wl, fs_n, test_texts, gpu))
-    if stage == "08_predict":
-        texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
-        cheap = (fs_time(texts * per["FS"],
-                         _fs_seconds(wl, 0, texts, gpu)) + texts * (1 + twins.get("RF", 0)) * per["RF"]
-                 + mlp_texts * (minilm + twins.get("MLP", 0) * per["RF"]))   # the MLP twins reuse the embeddings
-        return light + ft_runs * ms(wl["pair_tokens"], wl["pair_prompts"], "score") + cheap
-    if stage == "10_recovery":
-        conds = int(params.get("recovery_null_seeds", 3)) + (len(params.get("recovery_scales", [0, 1, 2])) - 1) * len(
-            params.get("recovery_knobs", ["both", "tab", "text"])) * int(params.get("recovery_planted_seeds", 1))
-        return light + conds * CPU_MEASURED["recovery_cpu_s_per_condition"][lang] / min(int(params.get("recovery_workers", 1)), os.cpu_count() or 1)
     return None
 
+# %% ../../nbs/1_audit/11_plan.ipynb #2406948e
+def _emulator_seconds(wl: dict, n: int, lang: str, tiny: bool, gpu: tuple | None) -> float:
+    "`stage_seconds` of 05_emulator: the FT model and its null twins, each trained, validated and scoring the test set."
+    light = CPU_MEASURED["light_stage_s"]
+    ms = lambda tokens, prompts, kind: _model_seconds(tokens, prompts, kind, n, lang, tiny, gpu)
+    ft_runs = 1 + wl.get("null_twins", {}).get("FT", 0)   # the FT model and its null twins: each trained
+    return (light + ft_runs * ms(wl["train_tokens"], wl["ft_train"] * wl["epochs"], "train")
+            + ms(ft_runs * wl["val_tokens"] + wl["eval_tokens"],
+                 ft_runs * wl["ft_val"] * wl["epochs"] + wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD),
+                 "score"))
+
+# %% ../../nbs/1_audit/11_plan.ipynb #f9d162ce
+def _thread_slowdown(params: dict) -> float:
+    "How much longer the baselines and MiniLM take at `baseline_threads` than on the 2 threads they were measured on."
+    return 1.0 if int(params.get("baseline_threads") or 1) >= 2 else CPU_MEASURED["one_thread_factor"]
+
+# %% ../../nbs/1_audit/11_plan.ipynb #4b7b02ea
+def _minilm_s_per_text(lang: str, slow: float, gpu: tuple | None) -> float:
+    """Seconds per text of the MiniLM embeddings (the MLP's input): they follow baseline_threads (`slow`); on a GPU
+    (SentenceEncoder uses CUDA when present) their CPU time x the CPU / GPU FLOP-rate ratio."""
+    per = CPU_MEASURED["text_s_per_text"][lang]
+    return per["MiniLM"] * (slow if gpu is None
+                            else CPU_MEASURED["fs_flops_per_s"]["score"] / (gpu[0] * 1e12 * GPU_UTILISATION["score"]))
+
+# %% ../../nbs/1_audit/11_plan.ipynb #f0893cd9
+def _fs_time(n_fs: int, measured: float, flop_s: float, slow: float, gpu: tuple | None) -> float:
+    """Seconds of `n_fs` FS models: the measured time of the small (overhead-bound) FS, or its FLOPs where those take
+    longer (the paper's size); on GPUs its FLOPs."""
+    return n_fs * (flop_s if gpu is not None else max(measured, flop_s) * slow)
+
+# %% ../../nbs/1_audit/11_plan.ipynb #6e078443
+def _baselines_seconds(wl: dict, lang: str, slow: float, minilm: float, gpu: tuple | None) -> float:
+    """`stage_seconds` of 06_baselines: each baseline's and each null twin's measured fit per training record, the
+    MLP's MiniLM embeddings and the FS's time."""
+    twins, light = wl.get("null_twins", {}), CPU_MEASURED["light_stage_s"]
+    rate, n = CPU_MEASURED["baseline_s_per_train_record"][lang], wl["baseline_train"]
+    test_texts = wl["ft_eval"] * wl.get("eval_views", VIEWS_PER_RECORD)   # 04b scores the views 05_emulator scored
+    k_mlp = twins.get("MLP", 0)   # the first null MLP re-embeds the notes the permutation changed, the others refit
+    fit = (n * (rate["RF"] + twins.get("RF", 0) * rate["RF_null"] + rate["MLP_fit"]
+                + min(k_mlp, 1) * rate["MLP_null"] * slow)
+           + max(k_mlp - 1, 0) * CPU_MEASURED["MLP_refit_s"])
+    mlp = (n + test_texts) * minilm   # the MLP embeds the training texts and the test records in the FT's views
+    fs_n = wl.get("fs_train", n)   # FS trains on its own subsample (fs_train_n)
+    fs = _fs_time(1 + twins.get("FS", 0), rate["FS"] * fs_n, _fs_seconds(wl, fs_n, test_texts, gpu), slow, gpu)
+    return light + fit + mlp + fs
+
+# %% ../../nbs/1_audit/11_plan.ipynb #52413ff1
+def _predict_seconds(wl: dict, n: int, lang: str, tiny: bool, slow: float, minilm: float,
+                     gpu: tuple | None) -> float:
+    """`stage_seconds` of 08_predict: the FT model and its null twins score the pairs; the baselines score the pair
+    texts at their measured time per text (the FS: or its FLOPs)."""
+    twins, light, per = wl.get("null_twins", {}), CPU_MEASURED["light_stage_s"], CPU_MEASURED["text_s_per_text"][lang]
+    ft_runs = 1 + twins.get("FT", 0)   # the FT model and its null twins: each scores the pairs
+    texts, mlp_texts = 2 * VIEWS_PER_RECORD * wl.get("all_pairs", 0), 2 * VIEWS_PER_RECORD * wl.get("mlp_pairs", 0)
+    fs = _fs_time(1 + twins.get("FS", 0), texts * per["FS"], _fs_seconds(wl, 0, texts, gpu), slow, gpu)
+    cheap = (fs + texts * (1 + twins.get("RF", 0)) * per["RF"]
+             + mlp_texts * (minilm + twins.get("MLP", 0) * per["RF"]))   # the MLP twins reuse the embeddings
+    return light + ft_runs * _model_seconds(wl["pair_tokens"], wl["pair_prompts"], "score", n, lang, tiny, gpu) + cheap
+
+# %% ../../nbs/1_audit/11_plan.ipynb #0e973d56
+def _recovery_seconds(params: dict, lang: str) -> float:
+    "`stage_seconds` of 10_recovery: its conditions times the measured CPU time per condition, over its workers."
+    conds = int(params.get("recovery_null_seeds", 3)) + (len(params.get("recovery_scales", [0, 1, 2])) - 1) * len(
+        params.get("recovery_knobs", ["both", "tab", "text"])) * int(params.get("recovery_planted_seeds", 1))
+    workers = min(int(params.get("recovery_workers", 1)), os.cpu_count() or 1)
+    return CPU_MEASURED["light_stage_s"] + conds * CPU_MEASURED["recovery_cpu_s_per_condition"][lang] / workers
+
+# %% ../../nbs/1_audit/11_plan.ipynb #ec9eccaf
+def stage_seconds(stage: str, params: dict, sizes: dict, wl: dict, n: int, lang: str, tiny: bool,
+                  gpu: tuple | None) -> float | None:
+    "Estimated wall seconds of `stage` (None: nothing measured to estimate it from)."
+    light = _light_seconds(stage, params, sizes, lang)
+    if light is not None:
+        return light
+    if stage == "05_emulator":
+        return _emulator_seconds(wl, n, lang, tiny, gpu)
+    slow = _thread_slowdown(params)
+    minilm = _minilm_s_per_text(lang, slow, gpu)
+    if stage == "06_baselines":
+        return _baselines_seconds(wl, lang, slow, minilm, gpu)
+    if stage == "08_predict":
+        return _predict_seconds(wl, n, lang, tiny, slow, minilm, gpu)
+    if stage == "10_recovery":
+        return _recovery_seconds(params, lang)
+    return None
+
+# %% ../../nbs/1_audit/11_plan.ipynb #374327ea
+#: The basis of the model stages' `stage_seconds`: (on GPUs, the tiny model on CPU, another model on CPU).
+_MODEL_BASIS = {
+    "05_emulator": ("FLOPs at the stated GPU utilisation", "tiny-model CPU s/prompt (recovery study)",
+                    "CPU tokens/s measured, scaled by parameters"),
+    "08_predict": ("FT: FLOPs at the stated GPU utilisation; FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the "
+                   "CPU/GPU FLOP-rate ratio; RF: measured CPU-s per pair text",
+                   "FT: tiny-model CPU s/prompt; FS: measured CPU-s per pair text or FLOPs at the measured rate; RF, "
+                   "MLP: measured CPU-s per pair text",
+                   "FT: CPU tokens/s scaled by parameters; FS: measured CPU-s per pair text or FLOPs at the measured "
+                   "rate; RF, MLP: measured CPU-s per pair text"),
+    "06_baselines": ("FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio + its measured "
+                     "fit; RF: measured CPU-s per training record",
+                     *["FS: measured CPU-s per training record or FLOPs at the measured rate; RF, MLP: measured CPU-s "
+                       "per training record and per text embedded"] * 2),
+}
+
+# %% ../../nbs/1_audit/11_plan.ipynb #b4fd70b4
+#: The basis of the other stages' `stage_seconds` (on any hardware).
+_STAGE_BASIS = {"10_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
+                "02_cohort": "light stage + s/record measured",
+                "04_null_control": "light stage + s/record measured (a slower CPU's, scaled)",
+                "09_metrics": "measured 09_metrics time, scaled by n_boot",
+                **dict.fromkeys(("03_split", "07_counterfactuals", "15_report"), "measured light-stage time")}
 
 # %% ../../nbs/1_audit/11_plan.ipynb #db10ff19
 def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
     "Where `stage_seconds` of `stage` comes from, in a few words."
-    if stage == "05_emulator":
-        return ("FLOPs at the stated GPU utilisation" if gpu else "tiny-model CPU s/prompt (recovery study)" if tiny
-                else "CPU tokens/s measured, scaled by parameters")
-    if stage == "08_predict":
-        return ("FT: FLOPs at the stated GPU utilisation" if gpu else "FT: tiny-model CPU s/prompt" if tiny
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                            else "FT: CPU tokens/s scaled by parameters") + ("; FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio; RF: measured CPU-s per pair text"
-                if gpu
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                            else "; FS: measured CPU-s per pair text or FLOPs at the measured rate; RF, MLP: measured CPU-s per pair text")
-    if stage == "06_baselines":
-        return ("FS: FLOPs on one GPU; MLP: MiniLM's CPU-s per text x the CPU/GPU FLOP-rate ratio + its measured fit; "
-                "RF: measured CPU-s per training record" if gpu
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                            else "FS: measured CPU-s per training record or FLOPs at the measured rate; RF, MLP: measured CPU-s per training record and per text embedded")
-    return {"10_recovery": "measured CPU-s per condition / workers", "01_data": "light stage + s/record measured",
-            "02_cohort": "light stage + s/record measured",
-            "04_null_control": "light stage + s/record measured (a slower CPU's, scaled)",
-            "09_metrics": "measured 09_metrics time, scaled by n_boot"}.get(stage, "measured light-stage time"
-                                                                            if stage in (
-            "03_split", "07_counterfactuals", "09_metrics", "15_report") else "no measurement")
-
+    if stage in _MODEL_BASIS:
+        return _MODEL_BASIS[stage][0 if gpu else 1 if tiny else 2]
+    return _STAGE_BASIS.get(stage, "no measurement")
 
 # %% ../../nbs/1_audit/11_plan.ipynb #635e5799
 def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | Path | None = None,
@@ -571,6 +554,41 @@ def cpu_speed_ratio(gflops: float | None = None) -> float:
     "How many times longer a CPU stage takes here than on the development machine: DEV_FP32_GFLOPS / this CPU's rate."
     return DEV_FP32_GFLOPS / (gflops if gflops is not None else cpu_fp32_gflops())
 
+# %% ../../nbs/1_audit/11_plan.ipynb #174986f5
+def _hardware(gpus: int | None, gpu: str, gpu_mem_gb: float | None) -> dict:
+    "The plan's hardware: `gpus` GPUs of kind `gpu` (`gpu_mem_gb` each, default its data sheet's), else this CPU."
+    if gpus:
+        if gpu not in GPU_SPECS:
+            raise ValueError(f"unknown GPU {gpu!r}; known: {sorted(GPU_SPECS)}")
+        return {"device": "cuda", "gpus": int(gpus), "gpu": gpu, "gpu_mem_gb": float(gpu_mem_gb or GPU_SPECS[gpu][1]),
+                "bf16_tflops": GPU_SPECS[gpu][0]}
+    return {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1),
+            "fp32_gflops": round(cpu_fp32_gflops(), 1)}
+
+# %% ../../nbs/1_audit/11_plan.ipynb #9ff8a33e
+def _plan_memory(cfg: dict, counts: dict, params: dict, wl: dict, device: str, lora: bool,
+                 qlora: bool) -> tuple[dict, float | None]:
+    "(`memory_gb` on `device`, QLoRA training GB on a GPU: None for a full fine-tune) at the profile's batch sizes."
+    mem = memory_gb(cfg, counts, device, int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
+                    int(params.get("predict_batch_size", 16)), lora=lora, qlora=qlora)
+    mem_q = memory_gb(cfg, counts, "cuda", int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
+                      int(params.get("predict_batch_size", 16)), lora=True, qlora=True)["train"] if lora else None
+    return mem, mem_q
+
+# %% ../../nbs/1_audit/11_plan.ipynb #e4c1fcd0
+def _stage_row(stage: str, why: str, seconds: float | None, basis: str) -> dict:
+    "One stage of the plan: cached (no time) or runs (`seconds`), `why`, and the `basis` of its estimate."
+    return {"stage": stage, "status": "cached" if why == "cached" else "runs", "why": why,
+            "seconds": 0.0 if why == "cached" else seconds, "basis": basis}
+
+# %% ../../nbs/1_audit/11_plan.ipynb #e22d52b9
+def _long_stage_notes(rows: list[dict], hw: dict) -> list[str]:
+    "A note naming the stages that would run over a day each on `hw` (none: no note)."
+    long = [f"{r['stage']} ({r['seconds'] / 3600:.0f} h)" for r in rows if (r["seconds"] or 0) > 86400]
+    if not long:
+        return []
+    return [f"{', '.join(long)} would run over a day each on {format_hardware(hw)} (see each stage's basis)"]
+
 # %% ../../nbs/1_audit/11_plan.ipynb #58900363
 def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float | None = None,
          run_dir: str | Path | None = None,
@@ -586,30 +604,16 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
     counts = llama_parameter_counts(cfg)
     tiny, lora = ft_model == "tiny-llama", ft_model != "tiny-llama"
     qlora = bool(params.get("ft_qlora") or params.get("ft_load_in_4bit")) if qlora is None else bool(qlora)
-    if gpus:
-        if gpu not in GPU_SPECS:
-            raise ValueError(f"unknown GPU {gpu!r}; known: {sorted(GPU_SPECS)}")
-        hw = {"device": "cuda", "gpus": int(gpus), "gpu": gpu, "gpu_mem_gb": float(gpu_mem_gb or GPU_SPECS[gpu][1]),
-              "bf16_tflops": GPU_SPECS[gpu][0]}
-    else:
-        hw = {"device": "cpu", "cores": os.cpu_count(), "ram_gb": round(_ram_gb(), 1),
-              "fp32_gflops": round(cpu_fp32_gflops(), 1)}
+    hw = _hardware(gpus, gpu, gpu_mem_gb)
     stages = stages_for({**load_params(dataset, profile),
                          **(overrides or {})})   # the profile's switches, not the notebooks' defaults
     sizes = dataset_sizes(dataset, params, run_dir)
     wl = workload(dataset, params, sizes)
-    mem = memory_gb(cfg, counts, hw["device"], int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
-                    int(params.get("predict_batch_size", 16)), lora=lora, qlora=qlora)
-    mem_q = memory_gb(cfg, counts, "cuda", int(params.get("ft_batch_size", 8)), wl["longest_prompt"],
-                      int(params.get("predict_batch_size", 16)), lora=True, qlora=True)["train"] if lora else None
+    mem, mem_q = _plan_memory(cfg, counts, params, wl, hw["device"], lora, qlora)
     gpu_arg = (hw["bf16_tflops"], hw["gpus"]) if gpus else None
     cache = cached_stages(dataset, profile, stages, run_dir, overrides)
-    rows = []
-    for s in stages:
-        est = stage_seconds(s, params, sizes, wl, counts["n"], lang, tiny, gpu_arg)
-        rows.append({"stage": s, "status": "cached" if cache[s] == "cached" else "runs", "why": cache[s],
-                     "seconds": 0.0 if cache[s] == "cached" else est,
-                     "basis": stage_basis(s, gpus is not None and bool(gpus), tiny)})
+    rows = [_stage_row(s, cache[s], stage_seconds(s, params, sizes, wl, counts["n"], lang, tiny, gpu_arg),
+                       stage_basis(s, gpus is not None and bool(gpus), tiny)) for s in stages]
     unestimated = [r["stage"] for r in rows if r["seconds"] is None]
     missing = [f["path"] for f in manifest.get("files") or [] if file_checksum_status(f) != "ok"]
     p = {"dataset": dataset, "profile": profile, "overrides": dict(overrides or {}), "access": manifest["access"],
@@ -622,12 +626,10 @@ def plan(dataset: str, profile: str, gpus: int | None = None, gpu_mem_gb: float 
          "basis": {"cpu": "measured throughputs of the development machine (triage_cf.audit.plan.CPU_MEASURED)",
                    "gpu": f"FLOPs 6N/token training, 2N/token scoring at {GPU_UTILISATION} of the bf16 peak"}}
     p["refused"], p["notes"] = _fit(p)
-    long = [f"{r['stage']} ({r['seconds'] / 3600:.0f} h)" for r in rows if (r["seconds"] or 0) > 86400]
-    if long:
-        p["notes"].append(f"{', '.join(long)} would run over a day each on {format_hardware(hw)} (see each stage's "
-                          "basis)")
+    p["notes"] += _long_stage_notes(rows, hw)
     if strict and p["refused"]:
-        raise PlanRefused(f"plan refused for {dataset} / {profile} on {format_hardware(hw)}: " + "; ".join(p["refused"]), p)
+        raise PlanRefused(f"plan refused for {dataset} / {profile} on {format_hardware(hw)}: "
+                          + "; ".join(p["refused"]), p)
     return p
 
 # %% ../../nbs/1_audit/11_plan.ipynb #3d8cec29
@@ -642,58 +644,62 @@ def _dur(s: float | None) -> str:
         return "not estimated"
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
 
+# %% ../../nbs/1_audit/11_plan.ipynb #55a2d1eb
+def _pairs_line(wl: dict) -> str:
+    "The plan's pairs, null twins and tokens to score, as one line of `format_plan`."
+    twins = ", ".join(f"{m} x{k}" for m, k in wl.get("null_twins", {}).items()) or "none"
+    return (f"pairs: FT {wl['pairs']:,} ({wl['pair_prompts']:,} prompts), FS and RF "
+            f"{wl.get('all_pairs', wl['pairs']):,}, MLP {wl.get('mlp_pairs', wl['pairs']):,}; null twins: " + twins
+            + f"; tokens to score: {wl['eval_tokens'] + wl['val_tokens'] + wl['pair_tokens']:,.0f} "
+            f"(prompts cut at {wl['max_length']}; {wl['tokens_basis']}); baselines train on {wl['baseline_train']:,}")
+
+# %% ../../nbs/1_audit/11_plan.ipynb #8d0044b5
+def _memory_line(p: dict) -> str:
+    "The plan's memory (training, QLoRA on a GPU where it applies, inference), as one line of `format_plan`."
+    mem = p["memory_gb"]
+    qlora = f"; QLoRA training on a GPU {p['qlora_train_gb']:.2f} GB" if p["qlora_train_gb"] is not None else ""
+    return (f"memory: training {mem['train']:.2f} GB (weights {mem['weights']:.2f}, LoRA/optimizer "
+            f"{mem['lora_states']:.2f}, activations {mem['activations']:.2f}, framework {mem['overhead']:.0f})"
+            + qlora + f"; inference {mem['inference']:.2f} GB (KV cache {mem['kv_cache']:.2f})")
+
+# %% ../../nbs/1_audit/11_plan.ipynb #3eb21c99
+def _stage_line(r: dict) -> str:
+    "One stage row of `format_plan`: name, status, estimated time, then why it is cached or its basis and why it runs."
+    return (f"  {r['stage']:<20} {r['status']:<7} {_dur(r['seconds']):>14}   "
+            + (r["why"] if r["status"] == "cached" else f"{r['basis']}; {r['why']}"))
+
+# %% ../../nbs/1_audit/11_plan.ipynb #9e5dd364
+def _plan_tail(p: dict) -> list[str]:
+    "The closing lines of `format_plan`: total time, this CPU's speed, missing data, notes and refusals."
+    out = [f"estimated time: {_dur(p['seconds'])}" + (f" (not counted: {', '.join(p['unestimated'])})"
+                                                      if p["unestimated"] else "")
+           + f"; basis: {p['basis']['cpu' if p['hardware']['device'] == 'cpu' else 'gpu']}"]
+    if p.get("speed_ratio"):
+        out.append(f"on this CPU now: about {_dur(p['seconds'] * p['speed_ratio'])} (its fp32 rate at planning time "
+                   f"{p['hardware']['fp32_gflops']:g} GFLOP/s against the development machine's {DEV_FP32_GFLOPS:g}: "
+                   f"x{p['speed_ratio']:.2f})")
+    if p["data_missing"]:
+        out.append(f"data: {len(p['data_missing'])} file(s) not under the data root with their sha256: "
+                   + ("run `triage-cf fetch --dataset " + p["dataset"] + "`" if p["access"] == "open"
+                      else "see `triage-cf fetch` for access"))
+    return out + [f"note: {n}" for n in p["notes"]] + [f"REFUSED: {r}" for r in p["refused"]]
+
 # %% ../../nbs/1_audit/11_plan.ipynb #be49f3cf
 def format_plan(p: dict) -> str:
     "The plan as text: hardware, model, sizes, memory, stages with their estimated time, refusals and notes."
-    sz, wl, mem, c = p["sizes"], p["workload"], p["memory_gb"], p["parameters"]
+    sz, wl, c = p["sizes"], p["workload"], p["parameters"]
     over = "".join(f", {k}={v!r}" for k, v in p.get("overrides", {}).items())
     out = [f"plan: dataset {p['dataset']} ({p['access']}), profile {p['profile']}{over}, on "
            f"{format_hardware(p['hardware'])}",
            f"model: {p['model']}, {c['n']:,} parameters ({p['training']}: "
-           f"{c['n_lora'] if p['training'] != 'full fine-tune' else c['n']:,} "
-           f"trained); config: {p['model_config']}",
+           f"{c['n_lora'] if p['training'] != 'full fine-tune' else c['n']:,} trained); config: {p['model_config']}",
            f"records: {sz['records']:,} read, {sz['cohort']:,} in the cohort, {sz['train']:,} train / {sz['test']:,} "
            f"test ({sz['basis']})",
            f"fine-tune: {wl['ft_train']:,} records x {wl['epochs']} epoch(s) (+{wl['ft_val']:,} validation), "
            f"{wl['train_tokens']:,.0f} tokens to train; test scoring: {wl['ft_eval']:,} records x "
            f"{wl.get('eval_views', 3)} view(s)",
-           f"pairs: FT {wl['pairs']:,} ({wl['pair_prompts']:,} prompts), FS and RF "
-           f"{wl.get('all_pairs', wl['pairs']):,}, "
-           f"MLP {wl.get('mlp_pairs', wl['pairs']):,}; null twins: "
-           + (", ".join(f"{m} x{k}" for m, k in wl.get("null_twins", {}).items())
-              or "none") + f"; tokens to score: {wl['eval_tokens'] + wl['val_tokens'] + wl['pair_tokens']:,.0f} "
-           f"(prompts cut at {wl['max_length']}; {wl['tokens_basis']}); baselines train on {wl['baseline_train']:,}",
-           f"memory: training {mem['train']:.2f} GB (weights {mem['weights']:.2f}, LoRA/optimizer "
-           f"{mem['lora_states']:.2f}, "
-           f"activations {mem['activations']:.2f}, framework {mem['overhead']:.0f})"
-           + (f"; QLoRA training on a GPU {p['qlora_train_gb']:.2f} GB" if p["qlora_train_gb"] is not None
-              else "") + f"; inference {mem['inference']:.2f} GB "
-           f"(KV cache {mem['kv_cache']:.2f})", "stages:"]
-    for r in p["stages"]:
-        out.append(f"  {r['stage']:<20} {r['status']:<7} {_dur(r['seconds']):>14}   " + (r["why"]
-                                                                                         if r["status"] == "cached"
-
-
-
-
-
-
-
-
-                                                                                                                         else f"{r['basis']}; {r['why']}"))
-    out.append(f"estimated time: {_dur(p['seconds'])}" + (f" (not counted: {', '.join(p['unestimated'])})"
-                                                          if p["unestimated"] else "")
-               + f"; basis: {p['basis']['cpu' if p['hardware']['device'] == 'cpu' else 'gpu']}")
-    if p.get("speed_ratio"):
-        out.append(f"on this CPU now: about {_dur(p['seconds'] * p['speed_ratio'])} (its fp32 rate at planning time "
-                   f"{p['hardware']['fp32_gflops']:g} "
-                   f"GFLOP/s against the development machine's {DEV_FP32_GFLOPS:g}: x{p['speed_ratio']:.2f})")
-    if p["data_missing"]:
-        out.append(f"data: {len(p['data_missing'])} file(s) not under the data root with their sha256: "
-                   + ("run `triage-cf fetch --dataset " + p["dataset"] + "`" if p["access"] == "open"
-                      else "see `triage-cf fetch` for access"))
-    out += [f"note: {n}" for n in p["notes"]] + [f"REFUSED: {r}" for r in p["refused"]]
-    return "\n".join(out)
+           _pairs_line(wl), _memory_line(p), "stages:"]
+    return "\n".join(out + [_stage_line(r) for r in p["stages"]] + _plan_tail(p))
 
 # %% ../../nbs/1_audit/11_plan.ipynb #bf2c8331
 CALIBRATION_CURVE = "calibration_curve.json"   # written by `benchmarks/calibration_scale.py summarise`

@@ -22,6 +22,7 @@ __all__ = ['DIRECTION_COUNTS', 'TABLE3', 'TABLE3_LABELS', 'COLUMN_DATASET', 'TAB
 #: Originally male (M_to_F) and female (F_to_M) pairs of each test partition (section 3.3).
 DIRECTION_COUNTS = {"bordeaux": {"M_to_F": 40_082, "F_to_M": 32_362}, "mimic": {"M_to_F": 21_342, "F_to_M": 16_874}}
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #b7d0a3a8
 #: Table 3 as printed: (estimate, ci_low, ci_high); proportions in percent, NMDF in score points.
 TABLE3 = {
     "bordeaux_full": {
@@ -50,6 +51,8 @@ TABLE3 = {
         "DTS_M_to_F": ("1.96", "1.19", "2.67"), "NATS_down": ("-1.49", "-2.24", "-0.76"),
         "NATS_up": ("2.93", "2.21", "3.66"), "NMDF": ("0.022", "0.0167", "0.0272")},
 }
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #f938341e
 #: Table 3's row labels as printed, by the name used here.
 TABLE3_LABELS = {
     "PDR": "Pairwise Disagreement Rate (PDR)", "P_down_M_to_F": "More severe when M→F (P↓M→F)",
@@ -59,19 +62,26 @@ TABLE3_LABELS = {
 COLUMN_DATASET = {"bordeaux_full": "bordeaux", "bordeaux_text_iso": "bordeaux", "bordeaux_tab_iso": "bordeaux",
                   "mimic_full": "mimic"}
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #3cb769fa
 #: Tables 6 / 8 (percent): level -> (cf>orig M, cf<orig M, cf>orig F, cf<orig F, Δ M−F cf>, Δ M−F cf<).
 TABLE6 = {2: ("9.9", "0.0", "5.4", "0.0", "+4.5", "0.0"), 3: ("6.1", "3.4", "4.9", "5.4", "+1.2", "-2.0"),
           4: ("1.8", "4.6", "1.7", "5.7", "+0.1", "-1.1"), 5: ("0.0", "12.7", "0.0", "9.0", "0.0", "+3.7")}
 TABLE8 = {1: ("25.9", "0.0", "26.1", "0.0", "-0.2", "0.0"), 2: ("24.1", "5.3", "22.1", "6.6", "+2.0", "-1.3"),
           3: ("0.4", "25.2", "0.4", "29.2", "0.0", "-4.0"), 4: ("0.0", "91.7", "0.0", "96.8", "0.0", "-5.1")}
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #3717770b
 #: Tables 7 / 9: level -> (cf<orig M, cf>=orig M, cf<orig F, cf>=orig F, OR, CI low, CI high, p) ("—": not given).
 TABLE7 = {2: (0, 7438, 0, 5858, "—", "—", "—", "—"), 3: (530, 15115, 769, 13578, "0.62", "0.55", "0.69", "<1e-15"),
           4: (712, 14758, 646, 10713, "0.80", "0.72", "0.89", "<1e-5"),
           5: (194, 1335, 72, 726, "1.47", "1.10", "1.95", "0.0086")}
 TABLE9 = {1: (0, 2562, 0, 1895, "—", "—", "—", "—"), 2: (536, 9632, 515, 7228, "0.80", "0.70", "0.91", "0.001"),
           3: (2159, 6417, 2106, 5099, "0.81", "0.75", "0.88", "<0.001"), 4: (33, 3, 30, 1, "—", "—", "—", "—")}
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #3bd61b48
+#: Appendix C's pair of tables per dataset: (percentages' name, percentages, counts' name, counts).
 APPENDIX = {"bordeaux": ("Table 6", TABLE6, "Table 7", TABLE7), "mimic": ("Table 8", TABLE8, "Table 9", TABLE9)}
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #8c75546c
 #: Numbers the prose prints (section 3.3 and the Discussion), as printed.
 PROSE = {
     "s3.3 female variant skew, Bordeaux (pp)": "2.1",
@@ -291,40 +301,56 @@ def _appendix_checks(book: _Book) -> None:
                        f"T3|{col}|{m}|estimate", iv, inputs=used, blame_inputs=False)
 
 
-# %% ../../nbs/1_audit/09_reconcile.ipynb #4783d400
-def _prose_checks(book: _Book) -> None:
-    "Register the numbers quoted in the prose (section 3.3, Discussion) and check them against Table 3 and each other."
+# %% ../../nbs/1_audit/09_reconcile.ipynb #d2159ef4
+def _t3(col: str, m: str, part: str = "estimate") -> str:
+    "The id of a printed Table 3 number: column `col`, metric `m`, `part` (estimate, ci_low or ci_high)."
+    return f"T3|{col}|{m}|{part}"
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #eefd64d0
+def _prose_numbers(book: _Book) -> None:
+    "Register the numbers the prose prints (`PROSE`): a quoted estimate with its CI as three numbers."
     for k, v in PROSE.items():
         if isinstance(v, tuple):
             for part, txt in zip(("estimate", "ci_low", "ci_high"), v):
                 book.num(f"prose|{k}|{part}", "Prose", f"{k} · {part}", txt)
         else:
             book.num(f"prose|{k}", "Prose", k, v)
-    T = lambda col, m, part="estimate": f"T3|{col}|{m}|{part}"
-    skew = lambda col: lin((1, book.iv(T(col, "DTS_M_to_F"))), (-1, book.iv(T(col, "DTS_F_to_M"))))
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #912f8e36
+def _prose_skew_checks(book: _Book) -> None:
+    "Check the prose's female skews and the Discussion's DTS against Table 3."
+    skew = lambda col: lin((1, book.iv(_t3(col, "DTS_M_to_F"))), (-1, book.iv(_t3(col, "DTS_F_to_M"))))
     for ds, key in (("bordeaux", "s3.3 female variant skew, Bordeaux (pp)"),
                     ("mimic", "s3.3 female variant skew, MIMIC-IV (pp)")):
         book.check("Prose vs Table 3", "female skew = DTS_M_to_F - DTS_F_to_M", f"prose|{key}", skew(f"{ds}_full"),
-                   inputs=[T(f"{ds}_full", "DTS_M_to_F"), T(f"{ds}_full", "DTS_F_to_M")])
+                   inputs=[_t3(f"{ds}_full", "DTS_M_to_F"), _t3(f"{ds}_full", "DTS_F_to_M")])
     for text, target, m in (("Discussion's DTS_M|F (= DTS_F_to_M) equals Table 3's", "Discussion DTS_M|F (%)",
                              "DTS_F_to_M"),
                             ("Discussion's DTS_F|M (= DTS_M_to_F) equals Table 3's", "Discussion DTS_F|M (%)",
                              "DTS_M_to_F")):
-        book.check("Prose vs Table 3", text, f"prose|{target}", book.iv(T("bordeaux_full", m)),
-                   inputs=[T("bordeaux_full", m)])
+        book.check("Prose vs Table 3", text, f"prose|{target}", book.iv(_t3("bordeaux_full", m)),
+                   inputs=[_t3("bordeaux_full", m)])
     book.check("Prose vs Table 3", "Discussion's skew = DTS_M_to_F - DTS_F_to_M", "prose|Discussion skew (%)",
-               skew("bordeaux_full"), inputs=[T("bordeaux_full", "DTS_M_to_F"), T("bordeaux_full", "DTS_F_to_M")])
+               skew("bordeaux_full"), inputs=[_t3("bordeaux_full", "DTS_M_to_F"), _t3("bordeaux_full", "DTS_F_to_M")])
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #d8fe2174
+def _prose_nmdf_checks(book: _Book) -> None:
+    "Check the Discussion's NMDF range against Table 3's NMDF, and its high end against MIMIC-IV's DTS."
     for end, ds, name in (("low", "bordeaux", "Bordeaux"), ("high", "mimic", "MIMIC-IV")):
         book.check("Prose vs Table 3", f"NMDF range {end} end = Table 3 NMDF ({name} full)",
                    f"prose|Discussion NMDF range, {end}",
-                   book.iv(T(f"{ds}_full", "NMDF")), inputs=[T(f"{ds}_full", "NMDF")])
+                   book.iv(_t3(f"{ds}_full", "NMDF")), inputs=[_t3(f"{ds}_full", "NMDF")])
     wm = _w("mimic")
     book.check("Prose vs Table 3",
                "NMDF range high end = w_MF DTS_M_to_F - w_FM DTS_F_to_M (MIMIC-IV, if every change is one level)",
                "prose|Discussion NMDF range, high",
-               lin((wm["M_to_F"] / 100, book.iv(T("mimic_full", "DTS_M_to_F"))),
-                   (-wm["F_to_M"] / 100, book.iv(T("mimic_full", "DTS_F_to_M")))),
-               kind="conditional", inputs=[T("mimic_full", "DTS_M_to_F"), T("mimic_full", "DTS_F_to_M")])
+               lin((wm["M_to_F"] / 100, book.iv(_t3("mimic_full", "DTS_M_to_F"))),
+                   (-wm["F_to_M"] / 100, book.iv(_t3("mimic_full", "DTS_F_to_M")))),
+               kind="conditional", inputs=[_t3("mimic_full", "DTS_M_to_F"), _t3("mimic_full", "DTS_F_to_M")])
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #28ca53fe
+def _prose_impact_checks(book: _Book) -> None:
+    "Check the Discussion's impact per country: visits × female share × skew."
     for country in ("France", "United States"):
         v, s, k = (book.iv(f"prose|Discussion visits {country}"), book.iv("prose|Discussion female share (%)"),
                    book.iv("prose|Discussion skew (%)"))
@@ -333,18 +359,30 @@ def _prose_checks(book: _Book) -> None:
                    (v[0] * s[0] / 100 * k[0] / 100, v[1] * s[1] / 100 * k[1] / 100),
                    inputs=[f"prose|Discussion visits {country}", "prose|Discussion female share (%)",
                            "prose|Discussion skew (%)"])
+
+# %% ../../nbs/1_audit/09_reconcile.ipynb #c962b957
+def _prose_figure4_checks(book: _Book) -> None:
+    "Check the NATS that section 3.3 quotes for Figure 4 against Table 3, and the FT-FS difference it prints."
     for sign, m in (("-", "NATS_down"), ("+", "NATS_up")):
         for part in ("estimate", "ci_low", "ci_high"):
             book.check("Prose vs Table 3",
                        f"Figure 4 prose NATS({sign}) of the FT model = Table 3 Bordeaux full ({part})",
-                       f"prose|s3.3 Figure 4 NATS({sign}) FT (%)|{part}", book.iv(T("bordeaux_full", m, part)),
-                       inputs=[T("bordeaux_full", m, part)])
+                       f"prose|s3.3 Figure 4 NATS({sign}) FT (%)|{part}", book.iv(_t3("bordeaux_full", m, part)),
+                       inputs=[_t3("bordeaux_full", m, part)])
     book.check("Prose", "FT-FS difference of NATS(-) = |-1.12 - (-1.00)|",
                "prose|s3.3 Figure 4 NATS(-) FT-FS difference (pp)",
                lin((-1, book.iv("prose|s3.3 Figure 4 NATS(-) FT (%)|estimate")),
                    (1, book.iv("prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"))),
                inputs=["prose|s3.3 Figure 4 NATS(-) FT (%)|estimate", "prose|s3.3 Figure 4 NATS(-) FS (%)|estimate"])
 
+# %% ../../nbs/1_audit/09_reconcile.ipynb #4783d400
+def _prose_checks(book: _Book) -> None:
+    "Register the numbers quoted in the prose (section 3.3, Discussion) and check them against Table 3 and each other."
+    _prose_numbers(book)
+    _prose_skew_checks(book)
+    _prose_nmdf_checks(book)
+    _prose_impact_checks(book)
+    _prose_figure4_checks(book)
 
 # %% ../../nbs/1_audit/09_reconcile.ipynb #45db1e6a
 def build_checks() -> tuple[pd.DataFrame, pd.DataFrame]:
