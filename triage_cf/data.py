@@ -376,80 +376,158 @@ def quality_table(counts: Counter) -> pd.DataFrame:
     rows.sort(key=lambda r: (order_c.get(r[0], len(order_c)), r[0], order_i.get(r[1], len(order_i)), r[1]))
     return pd.DataFrame(rows, columns=["column", "issue", "count"]).astype({"count": "int64"})
 
+# %% ../nbs/0_shared/06_data.ipynb #e7fa192d
+def _check_mapped(raw: pd.DataFrame, manifest: dict, extras: list[dict], source: str) -> None:
+    "Raise when a raw column that the manifest maps (or keeps as an extra) is not in `raw`."
+    needed = [*manifest["columns"].values(), *[e["column"] for e in extras]]
+    missing = [c for c in dict.fromkeys(needed) if c not in raw.columns]
+    if missing:
+        raise ValueError(f"{source}: missing required column(s) {missing} ({len(missing)} of {len(set(needed))}) "
+                         f"named in data_manifest/{manifest['name']}.yaml")
+
+# %% ../nbs/0_shared/06_data.ipynb #f178d7ab
+def _conv_id(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "Identifiers (`record_id`, `patient_id`, `cc_code`)."
+    return parse_id(s)
+
+# %% ../nbs/0_shared/06_data.ipynb #651a5c19
+def _conv_datetime(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "`arrival_time`, in the manifest's `datetime_format` (default ISO 8601)."
+    return parse_datetime(s, manifest.get("datetime_format"))
+
+# %% ../nbs/0_shared/06_data.ipynb #adf88f68
+def _conv_level(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "`triage_level`, on the manifest's triage scale."
+    return parse_level_column(s, list(manifest["triage_scale"]["levels"]))
+
+# %% ../nbs/0_shared/06_data.ipynb #f7c33eca
+def _conv_text(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "Free text (the `TEXT_COLUMNS`, and `arrival_mode` without a code table)."
+    return parse_text(s)
+
+# %% ../nbs/0_shared/06_data.ipynb #b1411b4e
+def _conv_coded(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "A coded column, decoded through the manifest's code table for it."
+    return decode_codes(s, (manifest.get("codes") or {})[col])
+
+# %% ../nbs/0_shared/06_data.ipynb #90da8160
+def _conv_uncoded(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "A coded column that needs a code table the manifest does not give: an error."
+    raise ValueError(f"data_manifest/{manifest['name']}.yaml: {col} is mapped but has no code table under "
+                     "`codes`")
+
+# %% ../nbs/0_shared/06_data.ipynb #9fc4fe2e
+def _conv_numeric(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "A number, converted into the canonical unit (manifest `units`), then range-checked."
+    v, c = parse_numeric(s)
+    units = manifest.get("units") or {}
+    if col in units:
+        v = UNITS[units[col]](v)
+    v, c2 = apply_range(v, col)
+    c.update(c2)
+    return v, c
+
+# %% ../nbs/0_shared/06_data.ipynb #6ff8272b
+#: Column kinds fixed by the column alone; the `TEXT_COLUMNS` are "text", the coded columns depend on the manifest,
+#: every other column is "numeric" (see `_column_kind`).
+_FIXED_KINDS = {"record_id": "id", "patient_id": "id", "cc_code": "id", "arrival_time": "datetime",
+                "triage_level": "level"}
+
+# %% ../nbs/0_shared/06_data.ipynb #0102d2a4
+def _column_kind(col: str, codes: dict) -> str:
+    """The converter kind of canonical column `col`. A coded column is "coded" when the manifest's `codes` has its
+    table; without one, `arrival_mode` is free text and the others are "uncoded" (an error)."""
+    if col in _FIXED_KINDS:
+        return _FIXED_KINDS[col]
+    if col in TEXT_COLUMNS:
+        return "text"
+    if col in CODED_COLUMNS:
+        return "coded" if col in codes else "text" if col == "arrival_mode" else "uncoded"
+    return "numeric"
+
+# %% ../nbs/0_shared/06_data.ipynb #11cffefc
+_CONVERTERS: dict[str, Callable[[pd.Series, str, dict], tuple[pd.Series, Counter]]] = {
+    "id": _conv_id, "datetime": _conv_datetime, "level": _conv_level, "text": _conv_text, "coded": _conv_coded,
+    "uncoded": _conv_uncoded, "numeric": _conv_numeric,
+}
+
+# %% ../nbs/0_shared/06_data.ipynb #0ac6e3f2
+def _canonical_column(s: pd.Series, col: str, manifest: dict) -> tuple[pd.Series, Counter]:
+    "Values and issue counts of raw column `s` mapped to canonical column `col`, by the converter of its kind."
+    return _CONVERTERS[_column_kind(col, manifest.get("codes") or {})](s, col, manifest)
+
+# %% ../nbs/0_shared/06_data.ipynb #2b65692a
+def _add_issues(counts: Counter, col: str, c: Counter) -> None:
+    "Add one column's issue counts `c` to the table-wide `counts` {(column, issue): count}."
+    for issue, k in c.items():
+        counts[(col, issue)] += k
+
+# %% ../nbs/0_shared/06_data.ipynb #1a013950
+def _map_columns(raw: pd.DataFrame, manifest: dict, rec: pd.DataFrame, counts: Counter) -> None:
+    "Convert every column the manifest maps into `rec` (in place, canonical dtypes), counting the issues."
+    for col, rawcol in manifest["columns"].items():
+        v, c = _canonical_column(raw[rawcol], col, manifest)
+        _add_issues(counts, col, c)
+        rec[col] = v.astype(CANONICAL_DTYPES[col])
+
+# %% ../nbs/0_shared/06_data.ipynb #4b66b70e
+def _extra_column(s: pd.Series, e: dict) -> tuple[pd.Series, Counter]:
+    "An extra column: decoded through its `codes`, a number (`type` int or float), or else free text."
+    if e.get("codes"):
+        v, c = decode_codes(s, e["codes"])
+        return v.astype("string"), c
+    if e.get("type") in ("int", "float"):
+        v, c = parse_numeric(s)
+        return (v.astype("Int64") if e["type"] == "int" and (v.dropna() % 1 == 0).all() else v), c
+    return parse_text(s)
+
+# %% ../nbs/0_shared/06_data.ipynb #b0d1358f
+def _map_extras(raw: pd.DataFrame, extras: list[dict], rec: pd.DataFrame, counts: Counter) -> None:
+    "Keep every extra as `x_<name>` in `rec` (in place), counting the issues."
+    for e in extras:
+        col = f"x_{e['name']}"
+        v, c = _extra_column(raw[e["column"]], e)
+        _add_issues(counts, col, c)
+        rec[col] = v
+
+# %% ../nbs/0_shared/06_data.ipynb #d01a33a7
+def _drop_duplicate_ids(rec: pd.DataFrame, counts: Counter) -> pd.DataFrame:
+    """`rec` without duplicated ids: identical copies keep their first row, conflicting ones are all removed
+    (both counted)."""
+    dup = rec["record_id"].duplicated(keep=False)
+    if not dup.any():
+        return rec
+    d = rec[dup]
+    identical = d.astype("string").fillna("\0").groupby(d["record_id"].to_numpy()).nunique().le(1).all(axis=1)
+    ident_ids = set(identical[identical].index)
+    first_copy = ~rec["record_id"].duplicated(keep="first")
+    keep = ~dup | (rec["record_id"].isin(ident_ids) & first_copy)
+    counts[("record_id",
+            "duplicate_identical_removed")] += int((dup & rec["record_id"].isin(ident_ids) & ~first_copy).sum())
+    counts[("record_id", "duplicate_conflicting_removed")] += int((dup & ~rec["record_id"].isin(ident_ids)).sum())
+    return rec[keep]
+
+# %% ../nbs/0_shared/06_data.ipynb #4411c5f7
+def _drop_bad_ids(rec: pd.DataFrame, counts: Counter) -> pd.DataFrame:
+    "`rec` without records that have no id or a duplicated id (counted, never silent), index reset."
+    no_id = rec["record_id"].isna()
+    counts[("record_id", "missing_id_removed")] += int(no_id.sum())
+    return _drop_duplicate_ids(rec[~no_id], counts).reset_index(drop=True)
+
 # %% ../nbs/0_shared/06_data.ipynb #f01fd574
 def canonicalize(raw: pd.DataFrame, manifest: dict, source: str = "raw table",
                  counts: Counter | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     "Map a flat raw table into the canonical record table through `manifest`; returns (records, data_quality)."
     counts = Counter(counts or {})
-    cols = manifest["columns"]
     extras = _extras(manifest)
-    needed = [*cols.values(), *[e["column"] for e in extras]]
-    missing = [c for c in dict.fromkeys(needed) if c not in raw.columns]
-    if missing:
-        raise ValueError(f"{source}: missing required column(s) {missing} ({len(missing)} of {len(set(needed))}) "
-                         f"named in data_manifest/{manifest['name']}.yaml")
+    _check_mapped(raw, manifest, extras, source)
     raw = raw.reset_index(drop=True)
-    n = len(raw)
-    counts[(TABLE_ROW, "rows_read")] = n
+    counts[(TABLE_ROW, "rows_read")] = len(raw)
     levels = list(manifest["triage_scale"]["levels"])
-    units, codes = manifest.get("units") or {}, manifest.get("codes") or {}
-    rec = empty_records(n)
-    for col, rawcol in cols.items():
-        s = raw[rawcol]
-        if col in ("record_id", "patient_id", "cc_code"):
-            v, c = parse_id(s)
-        elif col == "arrival_time":
-            v, c = parse_datetime(s, manifest.get("datetime_format"))
-        elif col == "triage_level":
-            v, c = parse_level_column(s, levels)
-        elif col in TEXT_COLUMNS:
-            v, c = parse_text(s)
-        elif col in CODED_COLUMNS and col in codes:
-            v, c = decode_codes(s, codes[col])
-        elif col in ("sex", "nurse_sex", "nurse_triage_training"):
-            raise ValueError(f"data_manifest/{manifest['name']}.yaml: {col} is mapped but has no code table under "
-                             "`codes`")
-        elif col == "arrival_mode":
-            v, c = parse_text(s)
-        else:
-            v, c = parse_numeric(s)
-            if col in units:
-                v = UNITS[units[col]](v)
-            v, c2 = apply_range(v, col)
-            c.update(c2)
-        for issue, k in c.items():
-            counts[(col, issue)] += k
-        rec[col] = v.astype(CANONICAL_DTYPES[col]) if CANONICAL_DTYPES[col] != "boolean" else v.astype("boolean")
-    for e in extras:
-        s = raw[e["column"]]
-        col = f"x_{e['name']}"
-        if e.get("codes"):
-            v, c = decode_codes(s, e["codes"])
-            v = v.astype("string")
-        elif e.get("type") in ("int", "float"):
-            v, c = parse_numeric(s)
-            v = v.astype("Int64") if e["type"] == "int" and (v.dropna() % 1 == 0).all() else v
-        else:
-            v, c = parse_text(s)
-        for issue, k in c.items():
-            counts[(col, issue)] += k
-        rec[col] = v
-    # records without an id, and duplicated ids (counted, never silent)
-    no_id = rec["record_id"].isna()
-    counts[("record_id", "missing_id_removed")] += int(no_id.sum())
-    rec = rec[~no_id]
-    dup = rec["record_id"].duplicated(keep=False)
-    if dup.any():
-        d = rec[dup]
-        identical = d.astype("string").fillna("\0").groupby(d["record_id"].to_numpy()).nunique().le(1).all(axis=1)
-        ident_ids = set(identical[identical].index)
-        first_copy = ~rec["record_id"].duplicated(keep="first")
-        keep = ~dup | (rec["record_id"].isin(ident_ids) & first_copy)
-        counts[("record_id",
-                "duplicate_identical_removed")] += int((dup & rec["record_id"].isin(ident_ids) & ~first_copy).sum())
-        counts[("record_id", "duplicate_conflicting_removed")] += int((dup & ~rec["record_id"].isin(ident_ids)).sum())
-        rec = rec[keep]
-    rec = rec.reset_index(drop=True)
+    rec = empty_records(len(raw))
+    _map_columns(raw, manifest, rec, counts)
+    _map_extras(raw, extras, rec, counts)
+    rec = _drop_bad_ids(rec, counts)
     counts[(TABLE_ROW, "rows_kept")] = len(rec)
     rec = validate_records(rec, levels, source)
     return rec, quality_table(counts)

@@ -147,7 +147,8 @@ def load_causal_lm(path: str | Path, dtype: str | None = None, device: str | Non
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"model folder {path} does not exist (models are never downloaded; give a local folder)")
+        raise FileNotFoundError(f"model folder {path} does not exist (models are never downloaded; "
+                                "give a local folder)")
     if not list(path.glob("*.safetensors")):
         raise FileNotFoundError(f"model folder {path} has no *.safetensors weights (pickled .bin weights are refused)")
     kw: dict[str, Any] = dict(use_safetensors=True, trust_remote_code=trust_remote_code, local_files_only=True)
@@ -464,57 +465,20 @@ class LLMClient:
     def _cache_fingerprint(self) -> dict:
         return self.fingerprint
 
-    def _run_cached(self, op: str, requests: list[dict], compute, decode) -> list:
-        t0 = time.perf_counter()
-        fp = self._cache_fingerprint() if self.cache is not None else None
-        keys = [AnswerCache.key(op, fp, r) for r in requests] if self.cache is not None else [None] * len(requests)
-        hit = self.cache.get_many(sorted(set(keys))) if self.cache is not None else {}
-        out: list = [decode(hit[k], True) if k in hit else None for k in keys]
-        todo = [i for i, o in enumerate(out) if o is None]
-        # identical requests in one call are sent once
-        first: dict = {}
-        for i in todo:
-            first.setdefault(keys[i] if keys[i] is not None else id(requests[i]), i)
-        send = sorted(first.values())
-        def done(i, res):
-            if self.cache is not None and getattr(res, "error", None) is None:
-                self.cache.put(keys[i], op, fp, requests[i], res.to_json())
-        results = compute([requests[i] for i in send], lambda j, res: done(send[j], res)) if send else []
-        for i, res in zip(send, results):
-            out[i] = res
-        for i in todo:
-            if out[i] is None:
-                out[i] = out[first[keys[i] if keys[i] is not None else id(requests[i])]]
-        self._account(out, len(send), time.perf_counter() - t0, op)
-        return out
-
     def generate(self, conversations: Sequence[Sequence[Mapping]], max_tokens: int | Sequence[int] = 256,
                  temperature: float = 0.0, seed: int = 0, stop: Sequence[str] | None = None,
                  top_logprobs: int | None = None, reasoning_effort: str | None = None) -> list[Generation]:
         "Chat answers for `conversations` (lists of `{'role', 'content'}`), in input order; see `Generation`."
-        if reasoning_effort is not None and self.backend not in ("openai", "scripted"):
-            raise LLMCapabilityError(f"backend {self.backend!r} cannot set a reasoning effort ({reasoning_effort!r}): "
-                                     "only servers "
-                                     "that take `reasoning_effort` can; budget a local model's thinking with max_tokens")
-        convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
-        budgets = [int(max_tokens)] * len(convs) if np.isscalar(max_tokens) else [int(b) for b in max_tokens]
-        if len(budgets) != len(convs):
-            raise ValueError(f"{len(budgets)} max_tokens for {len(convs)} conversations")
-        reqs = [dict(messages=c, max_tokens=b, temperature=float(temperature), seed=int(seed),
-                     stop=list(stop) if stop else None, top_logprobs=top_logprobs) for c, b in zip(convs, budgets)]
-        if reasoning_effort is not None:   # only then in the request (earlier cache keys stay valid)
-            for r in reqs:
-                r["reasoning_effort"] = str(reasoning_effort)
+        _check_reasoning(self.backend, reasoning_effort)
+        reqs = _generation_requests(_plain_conversations(conversations), max_tokens, temperature, seed, stop,
+                                    top_logprobs, reasoning_effort)
         return self._run_cached("generate", reqs, self._generate, Generation.from_json)
 
     def score_continuations(self, conversations: Sequence[Sequence[Mapping]], prefix: str,
                             candidates: Sequence[str]) -> list[Continuations]:
-        "Teacher-forced $\\log p$ of every candidate after the chat template + assistant `prefix` (one, or one per conversation)."
-        convs = [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
-        prefixes = [prefix] * len(convs) if isinstance(prefix, str) else list(prefix)
-        if len(prefixes) != len(convs):
-            raise ValueError(f"{len(prefixes)} prefixes for {len(convs)} conversations")
-        reqs = [dict(messages=c, prefix=p, candidates=[str(x) for x in candidates]) for c, p in zip(convs, prefixes)]
+        """Teacher-forced $\\log p$ of every candidate after the chat template + assistant `prefix` (one, or one per
+        conversation)."""
+        reqs = _score_requests(_plain_conversations(conversations), prefix, candidates)
         return self._run_cached("score_continuations", reqs, self._score, Continuations.from_json)
 
     def _generate(self, reqs: list[dict], on_done) -> list[Generation]:
@@ -528,6 +492,79 @@ class LLMClient:
 
     def describe(self) -> dict:
         return {**self.fingerprint, **{k: v for k, v in self.stats.items() if k != "wall_s"}}
+
+# %% ../nbs/0_shared/02_llm.ipynb #744cede4
+def _plain_conversations(conversations: Sequence[Sequence[Mapping]]) -> list[list[dict]]:
+    "The conversations as lists of `{'role', 'content'}` (any other message key dropped)."
+    return [[{"role": m["role"], "content": m["content"]} for m in c] for c in conversations]
+
+# %% ../nbs/0_shared/02_llm.ipynb #10f5c5a1
+def _check_reasoning(backend: str, reasoning_effort: str | None) -> None:
+    "Only servers that take `reasoning_effort` (and the scripted client) can be given one."
+    if reasoning_effort is not None and backend not in ("openai", "scripted"):
+        raise LLMCapabilityError(f"backend {backend!r} cannot set a reasoning effort ({reasoning_effort!r}): "
+                                 "only servers that take `reasoning_effort` can; budget a local model's thinking "
+                                 "with max_tokens")
+
+# %% ../nbs/0_shared/02_llm.ipynb #2fd97ae7
+def _generation_requests(convs: list[list[dict]], max_tokens: int | Sequence[int], temperature: float, seed: int,
+                         stop: Sequence[str] | None, top_logprobs: int | None,
+                         reasoning_effort: str | None) -> list[dict]:
+    "One `generate` request per conversation (`max_tokens`: one budget, or one per conversation)."
+    budgets = [int(max_tokens)] * len(convs) if np.isscalar(max_tokens) else [int(b) for b in max_tokens]
+    if len(budgets) != len(convs):
+        raise ValueError(f"{len(budgets)} max_tokens for {len(convs)} conversations")
+    reqs = [dict(messages=c, max_tokens=b, temperature=float(temperature), seed=int(seed),
+                 stop=list(stop) if stop else None, top_logprobs=top_logprobs) for c, b in zip(convs, budgets)]
+    if reasoning_effort is not None:   # only then in the request (earlier cache keys stay valid)
+        for r in reqs:
+            r["reasoning_effort"] = str(reasoning_effort)
+    return reqs
+
+# %% ../nbs/0_shared/02_llm.ipynb #c4980824
+def _score_requests(convs: list[list[dict]], prefix: str | Sequence[str], candidates: Sequence[str]) -> list[dict]:
+    "One `score_continuations` request per conversation (`prefix`: one, or one per conversation)."
+    prefixes = [prefix] * len(convs) if isinstance(prefix, str) else list(prefix)
+    if len(prefixes) != len(convs):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(convs)} conversations")
+    return [dict(messages=c, prefix=p, candidates=[str(x) for x in candidates]) for c, p in zip(convs, prefixes)]
+
+# %% ../nbs/0_shared/02_llm.ipynb #41b922db
+def _request_id(keys: list, requests: list[dict], i: int):
+    "What identifies request i within a call: its cache key, or without a cache the request object itself."
+    return keys[i] if keys[i] is not None else id(requests[i])
+
+# %% ../nbs/0_shared/02_llm.ipynb #4f0ae582
+def _cache_keys(self, op: str, requests: list[dict]) -> tuple[dict | None, list]:
+    "(fingerprint, cache key of every request); `None`s without a cache."
+    fp = self._cache_fingerprint() if self.cache is not None else None
+    keys = [AnswerCache.key(op, fp, r) for r in requests] if self.cache is not None else [None] * len(requests)
+    return fp, keys
+
+# %% ../nbs/0_shared/02_llm.ipynb #2ff18643
+def _run_cached(self, op: str, requests: list[dict], compute, decode) -> list:
+    """Answers of `requests`, in order: from the cache where it has them, else from `compute` (identical requests
+    in one call are sent once; each answer is cached as it arrives); the call is added to `stats`."""
+    t0 = time.perf_counter()
+    fp, keys = self._cache_keys(op, requests)
+    hit = self.cache.get_many(sorted(set(keys))) if self.cache is not None else {}
+    out: list = [decode(hit[k], True) if k in hit else None for k in keys]
+    todo = [i for i, o in enumerate(out) if o is None]
+    first: dict = {}
+    for i in todo:
+        first.setdefault(_request_id(keys, requests, i), i)
+    send = sorted(first.values())
+    def done(i, res):
+        if self.cache is not None and getattr(res, "error", None) is None:
+            self.cache.put(keys[i], op, fp, requests[i], res.to_json())
+    results = compute([requests[i] for i in send], lambda j, res: done(send[j], res)) if send else []
+    for i, res in zip(send, results):
+        out[i] = res
+    for i in todo:
+        if out[i] is None:
+            out[i] = out[first[_request_id(keys, requests, i)]]
+    self._account(out, len(send), time.perf_counter() - t0, op)
+    return out
 
 # %% ../nbs/0_shared/02_llm.ipynb #707d769d
 def _account(self, out: list, sent: int, wall: float, op: str) -> None:
@@ -553,6 +590,33 @@ def _bar(self, n: int, desc: str):
 
 # %% ../nbs/0_shared/02_llm.ipynb #026f624f
 LLMClient._account, LLMClient._bar = _account, _bar
+LLMClient._cache_keys, LLMClient._run_cached = _cache_keys, _run_cached
+
+# %% ../nbs/0_shared/02_llm.ipynb #616ff37a
+def _local_model_args(model, tokenizer) -> tuple[Path | None, Any, Any]:
+    """(model folder, loaded model, tokenizer) from `LocalClient`'s `model`: a folder (checked, not loaded),
+    `"smollm2"`, a loaded model with its `tokenizer`, or a `(model, tokenizer)` pair."""
+    if isinstance(model, tuple):
+        model, tokenizer = model
+    if isinstance(model, (str, Path)):
+        path = default_model_path() if str(model) == "smollm2" else Path(model)
+        if not path.is_dir():
+            raise FileNotFoundError(f"model folder {path} does not exist (models are never downloaded)")
+        return path, None, None
+    if tokenizer is None:
+        raise ValueError("a loaded model needs its tokenizer")
+    return None, model, tokenizer
+
+# %% ../nbs/0_shared/02_llm.ipynb #ac0a14c4
+def _eos_ids(model, tok) -> list[int]:
+    """The ids that end an answer: the tokenizer's end of sequence, the generation config's, and the chat
+    template's end-of-turn token where the generation config does not list it."""
+    eos = [tok.eos_token_id] + [tok.convert_tokens_to_ids(t)
+                                for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
+                                if t in tok.get_vocab() and t in (getattr(tok, "chat_template", None) or "")]
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
+    return sorted({int(i) for i in eos if i is not None})
 
 # %% ../nbs/0_shared/02_llm.ipynb #0e7f43f6
 class LocalClient(LLMClient):
@@ -566,17 +630,7 @@ class LocalClient(LLMClient):
                  model_id: str | None = None,
                  cache=None, progress: bool | None = None):
         super().__init__(cache, progress)
-        if isinstance(model, tuple):
-            model, tokenizer = model
-        if isinstance(model, (str, Path)):
-            self.model_path, self._model, self._tok = (default_model_path() if str(model) == "smollm2"
-                                                       else Path(model)), None, None
-            if not self.model_path.is_dir():
-                raise FileNotFoundError(f"model folder {self.model_path} does not exist (models are never downloaded)")
-        else:
-            if tokenizer is None:
-                raise ValueError("a loaded model needs its tokenizer")
-            self.model_path, self._model, self._tok = None, model, tokenizer
+        self.model_path, self._model, self._tok = _local_model_args(model, tokenizer)
         self.levels = [int(l) for l in levels] if levels is not None else None
         self.batch_size, self.max_length, self.max_batch_tokens = batch_size, max_length, max_batch_tokens
         self.share_prefix, self.min_prefix, self.gen_batch_size = share_prefix, min_prefix, gen_batch_size
@@ -608,13 +662,7 @@ class LocalClient(LLMClient):
             self._tok = self._tok or tok
         if not hasattr(self, "eos_ids"):
             model, tok = self._model.eval(), self._tok
-            # the end-of-turn token of the chat template, where the generation config does not list it
-            eos = [tok.eos_token_id] + [tok.convert_tokens_to_ids(t)
-                                        for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
-                                        if t in tok.get_vocab() and t in (getattr(tok, "chat_template", None) or "")]
-            gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-            eos += gen_eos if isinstance(gen_eos, list) else [gen_eos]
-            self.eos_ids = sorted({int(i) for i in eos if i is not None})
+            self.eos_ids = _eos_ids(model, tok)
             self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
 
 # %% ../nbs/0_shared/02_llm.ipynb #7a795916
@@ -1043,39 +1091,44 @@ class OpenAIClient(LLMClient):
     def _sdk(self):
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, timeout=self.timeout, max_retries=0)
 
-    async def _call(self, sem, fn):
-        "fn() with retries; (response, None) or (None, error name)."
-        async with sem:
-            for attempt in range(self.max_retries + 1):
-                try:
-                    return await fn(), None
-                except _RETRYABLE as e:
-                    if attempt == self.max_retries:
-                        return None, _error_name(e)
-                    self.stats["retried"] += 1
-                    wait = _retry_after(e)
-                    await asyncio.sleep(min(wait if wait is not None else self.backoff * 2 ** attempt, 30.0))
-                except openai.APIStatusError as e:   # 4xx other than 429: the request itself is wrong
-                    return None, f"http {e.status_code}: {str(e.message)[:200]}"
+# %% ../nbs/0_shared/02_llm.ipynb #06f1ba72
+async def _openai_call(self, sem, fn):
+    "fn() with retries; (response, None) or (None, error name)."
+    async with sem:
+        for attempt in range(self.max_retries + 1):
+            try:
+                return await fn(), None
+            except _RETRYABLE as e:
+                if attempt == self.max_retries:
+                    return None, _error_name(e)
+                self.stats["retried"] += 1
+                wait = _retry_after(e)
+                await asyncio.sleep(min(wait if wait is not None else self.backoff * 2 ** attempt, 30.0))
+            except openai.APIStatusError as e:   # 4xx other than 429: the request itself is wrong
+                return None, f"http {e.status_code}: {str(e.message)[:200]}"
 
-    def _map(self, reqs: list[dict], make_call, parse, on_done) -> list:
-        "Send every request (bounded concurrency), parse each answer, report each as it arrives."
-        out: list = [None] * len(reqs)
-        bar = self._bar(len(reqs), "requests")
-        async def main():
-            sem = asyncio.Semaphore(self.concurrency)
-            async with self._sdk() as sdk:
-                async def one(i):
-                    resp, err = await self._call(sem, lambda: make_call(sdk, reqs[i]))
-                    out[i] = parse(reqs[i], resp) if err is None else parse(reqs[i], None, err)
-                    on_done(i, out[i])
-                    bar.update(1)
-                await asyncio.gather(*(one(i) for i in range(len(reqs))))
-        try:
-            _run_async(main)
-        finally:
-            bar.close()
-        return out
+# %% ../nbs/0_shared/02_llm.ipynb #f16998b6
+def _openai_map(self, reqs: list[dict], make_call, parse, on_done) -> list:
+    "Send every request (bounded concurrency), parse each answer, report each as it arrives."
+    out: list = [None] * len(reqs)
+    bar = self._bar(len(reqs), "requests")
+    async def main():
+        sem = asyncio.Semaphore(self.concurrency)
+        async with self._sdk() as sdk:
+            async def one(i):
+                resp, err = await self._call(sem, lambda: make_call(sdk, reqs[i]))
+                out[i] = parse(reqs[i], resp) if err is None else parse(reqs[i], None, err)
+                on_done(i, out[i])
+                bar.update(1)
+            await asyncio.gather(*(one(i) for i in range(len(reqs))))
+    try:
+        _run_async(main)
+    finally:
+        bar.close()
+    return out
+
+# %% ../nbs/0_shared/02_llm.ipynb #ea8cf0fc
+OpenAIClient._call, OpenAIClient._map = _openai_call, _openai_map
 
 # %% ../nbs/0_shared/02_llm.ipynb #e58e2244
 def _missing_logprobs(self, what: str) -> LLMCapabilityError:
@@ -1092,8 +1145,8 @@ def _gen_call(self, sdk, r):
         kw["stop"] = r["stop"]
     if r["top_logprobs"]:
         kw.update(logprobs=True, top_logprobs=int(r["top_logprobs"]))
-    if r.get("reasoning_effort"):
-        kw["reasoning_effort"] = r["reasoning_effort"]   # the SDK's own parameter (reasoning models; vLLM, llama.cpp ignore it)
+    if r.get("reasoning_effort"):   # the SDK's own parameter (reasoning models; vLLM, llama.cpp ignore it)
+        kw["reasoning_effort"] = r["reasoning_effort"]
     return sdk.chat.completions.create(**kw)
 
 # %% ../nbs/0_shared/02_llm.ipynb #48bc89cf

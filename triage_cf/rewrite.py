@@ -39,6 +39,34 @@ def _norm(s: str) -> str:
     "Unicode NFC, typographic apostrophe -> ASCII, lower case (how words are looked up)."
     return unicodedata.normalize("NFC", s).replace("\u2019", "'").lower()
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #07a22ad4
+def _lexicon_maps(rows) -> tuple[dict, dict, dict]:
+    """(maps, cats, gender) of lexicon `rows`: per target sex {(category, source form): target form} and
+    {source form: categories}, and {form: the genders it carries} (forms normalised)."""
+    maps = {"F": {}, "M": {}}
+    cats = {"F": {}, "M": {}}
+    gender = {}
+    for masc, fem, cat, direction in rows:
+        for target, src, dst, ok in (("F", masc, fem, direction in ("both", "to_f")),
+                                     ("M", fem, masc, direction in ("both", "to_m"))):
+            if ok:
+                maps[target].setdefault((cat, _norm(src)), dst)
+                cats[target].setdefault(_norm(src), set()).add(cat)
+        gender.setdefault(_norm(masc), set()).add("M")
+        gender.setdefault(_norm(fem), set()).add("F")
+    return maps, cats, gender
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #eb15a421
+def _lexicon_words(rows) -> frozenset:
+    "Every single-word form of lexicon `rows` (normalised; the last word of a multi-word form, titles without '.')."
+    words = set()
+    for masc, fem, _, _ in rows:
+        for form in (masc, fem):
+            words.add(_norm(form).split()[-1])     # 'de la' -> 'la' ('de' comes back by contraction expansion)
+            if form.endswith("."):
+                words.add(_norm(form).rstrip("."))
+    return frozenset(words)
+
 # %% ../nbs/0_shared/04_rewrite.ipynb #52c8de9c
 @dataclass(frozen=True)
 class Lexicon:
@@ -63,27 +91,11 @@ class Lexicon:
         return self._gender.get(_norm(word), set())
 
     def __post_init__(self):
-        maps = {"F": {}, "M": {}}
-        cats = {"F": {}, "M": {}}
-        gender = {}
-        for masc, fem, cat, direction in self.rows:
-            for target, src, dst, ok in (("F", masc, fem, direction in ("both", "to_f")),
-                                         ("M", fem, masc, direction in ("both", "to_m"))):
-                if ok:
-                    maps[target].setdefault((cat, _norm(src)), dst)
-                    cats[target].setdefault(_norm(src), set()).add(cat)
-            gender.setdefault(_norm(masc), set()).add("M")
-            gender.setdefault(_norm(fem), set()).add("F")
-        words = set()
-        for masc, fem, _, _ in self.rows:
-            for form in (masc, fem):
-                words.add(_norm(form).split()[-1])     # 'de la' -> 'la' ('de' comes back by contraction expansion)
-                if form.endswith("."):
-                    words.add(_norm(form).rstrip("."))
+        maps, cats, gender = _lexicon_maps(self.rows)
         object.__setattr__(self, "_maps", maps)
         object.__setattr__(self, "_cats", cats)
         object.__setattr__(self, "_gender", gender)
-        object.__setattr__(self, "_words", frozenset(words))
+        object.__setattr__(self, "_words", _lexicon_words(self.rows))
 
     @property
     def words(self) -> frozenset:
@@ -135,8 +147,10 @@ class Tok(NamedTuple):
 # %% ../nbs/0_shared/04_rewrite.ipynb #5a644ccd
 _LETTERS = r"[^\W\d_]"
 _TOKEN_RES = {
-    "en": re.compile(rf"(?P<a>(?<![\w.,])\d{{1,3}}[MF](?!\w))|(?P<n>\d+(?:[.,]\d+)*)|(?P<w>{_LETTERS}+(?:-{_LETTERS}+)*)|(?P<p>\S)"),
-    "fr": re.compile(rf"(?P<e>(?<!{_LETTERS})(?:[lLdDjJmMnNsStTcC]|[qQ]u|[jJ]usqu|[lL]orsqu|[pP]uisqu)['\u2019](?={_LETTERS}))"
+    "en": re.compile(rf"(?P<a>(?<![\w.,])\d{{1,3}}[MF](?!\w))"
+                     rf"|(?P<n>\d+(?:[.,]\d+)*)|(?P<w>{_LETTERS}+(?:-{_LETTERS}+)*)|(?P<p>\S)"),
+    "fr": re.compile(rf"(?P<e>(?<!{_LETTERS})(?:[lLdDjJmMnNsStTcC]|[qQ]u|[jJ]usqu|[lL]orsqu|[pP]uisqu)"
+                     rf"['\u2019](?={_LETTERS}))"
                      rf"|(?P<n>\d+(?:[.,]\d+)*)|(?P<w>{_LETTERS}+(?:-{_LETTERS}+)*)|(?P<p>\S)"),
 }
 
@@ -268,54 +282,70 @@ def _sex_code_edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) ->
     return edits
 
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #b44f8b98
+def _en_low(toks: list[Tok], j: int) -> str | None:
+    "The normalised word at j (None outside the note or for a token that is not a word)."
+    return toks[j].low if 0 <= j < len(toks) and toks[j].kind == "w" else None
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #2ed65bac
+def _en_patient_noun(toks: list[Tok], i: int, ctx: dict) -> bool:
+    "Is the person noun at i the patient (not *male nurse*, *hit by a man*, *a male nurse*, *his wife*, *pt's wife*)?"
+    p1, p2, nx = _en_low(toks, i - 1), _en_low(toks, i - 2), _en_low(toks, i + 1)
+    if p1 in ctx["other_person_before"] or (p1 in {"a", "an", "the"} and p2 in ctx["other_person_before"]):
+        return False
+    return not (nx in ctx["other_person_nouns"] or p1 in ctx["possessives"] or _after_saxon(toks, i))
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #1f43ed0e
+def _en_kin_of_patient(toks: list[Tok], i: int, ctx: dict) -> bool:
+    "Is the kin word at i the patient (*mother of 3*; not *his mother of*, *mother of the patient*)?"
+    nx, nx2, p1 = _en_low(toks, i + 1), toks[i + 2] if i + 2 < len(toks) else None, _en_low(toks, i - 1)
+    return (nx == "of" and nx2 is not None and nx2.kind in ("n", "w") and nx2.low not in ctx["kin_other_after_of"]
+            and p1 not in ctx["possessives"] and not _after_saxon(toks, i))
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #5bfbe744
+def _en_title_before_name(toks: list[Tok], i: int) -> bool:
+    "Is the title at i capitalised and followed (past a '.') by a capitalised word (*Mrs. Smith*)?"
+    t, n = toks[i], len(toks)
+    nx = toks[i + 1] if i + 1 < n else None
+    if nx is not None and nx.text == ".":
+        nx = toks[i + 2] if i + 2 < n else None
+    return t.text[0].isupper() and nx is not None and nx.kind == "w" and nx.text[0].isupper()
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #466a075e
+def _en_swap(toks: list[Tok], i: int, cats: set, target: str, lex: Lexicon) -> str | None:
+    "The target-sex form of word i by its lexicon categories `cats` (None: the word stays)."
+    t, ctx = toks[i], lex.ctx
+    if "pronoun" in cats:
+        return lex.swap(t.text, "pronoun", target)
+    if {"object", "determiner"} <= cats:                    # her -> him | his, by its role
+        return lex.swap(t.text, _her_role(toks, i, ctx), target)
+    if {"determiner", "possessive"} <= cats:                # his -> her | hers, by its role
+        return lex.swap(t.text, _his_role(toks, i, ctx), target)
+    if "object" in cats:                                    # him -> her
+        return lex.swap(t.text, "object", target)
+    if "possessive" in cats:                                # hers -> his
+        return lex.swap(t.text, "possessive", target)
+    if "noun" in cats:
+        return lex.swap(t.text, "noun", target) if _en_patient_noun(toks, i, ctx) else None
+    if "kin_of" in cats:
+        return lex.swap(t.text, "kin_of", target) if _en_kin_of_patient(toks, i, ctx) else None
+    if "title" in cats:
+        return lex.swap(t.text, "title", target) if _en_title_before_name(toks, i) else None
+    return None
+
 # %% ../nbs/0_shared/04_rewrite.ipynb #646257df
 def _edits_en(text: str, toks: list[Tok], target: str, lex: Lexicon) -> list:
     "The (start, end, replacement) edits of the English rules (above) that rewrite the patient to `target`."
-    ctx, edits = lex.ctx, []
-    shouting = _shouting(text)
-    n = len(toks)
-    low = lambda j: toks[j].low if 0 <= j < n and toks[j].kind == "w" else None
+    shouting, edits = _shouting(text), []
     for i, t in enumerate(toks):
         if t.kind != "w" or _is_abbrev(t, shouting):
             continue
         cats = lex.categories(t.text, target)
-        if not cats:
-            continue
-        new = None
-        if "pronoun" in cats:
-            new = lex.swap(t.text, "pronoun", target)
-        elif {"object", "determiner"} <= cats:                    # her -> him | his, by its role
-            new = lex.swap(t.text, _her_role(toks, i, ctx), target)
-        elif {"determiner", "possessive"} <= cats:                # his -> her | hers, by its role
-            new = lex.swap(t.text, _his_role(toks, i, ctx), target)
-        elif "object" in cats:                                    # him -> her
-            new = lex.swap(t.text, "object", target)
-        elif "possessive" in cats:                                # hers -> his
-            new = lex.swap(t.text, "possessive", target)
-        elif "noun" in cats:
-            p1, p2, nx = low(i - 1), low(i - 2), low(i + 1)
-            if p1 in ctx["other_person_before"] or (p1 in {"a", "an", "the"} and p2 in ctx["other_person_before"]):
-                continue
-            if nx in ctx["other_person_nouns"] or p1 in ctx["possessives"] or _after_saxon(toks, i):
-                continue
-            new = lex.swap(t.text, "noun", target)
-        elif "kin_of" in cats:
-            nx, nx2 = low(i + 1), toks[i + 2] if i + 2 < n else None
-            p1 = low(i - 1)
-            if nx == "of" and nx2 is not None and nx2.kind in ("n", "w") and nx2.low not in ctx["kin_other_after_of"] \
-                    and p1 not in ctx["possessives"] and not _after_saxon(toks, i):
-                new = lex.swap(t.text, "kin_of", target)
-        elif "title" in cats:
-            nx = toks[i + 1] if i + 1 < n else None
-            if nx is not None and nx.text == ".":
-                nx = toks[i + 2] if i + 2 < n else None
-            if t.text[0].isupper() and nx is not None and nx.kind == "w" and nx.text[0].isupper():
-                new = lex.swap(t.text, "title", target)
+        new = _en_swap(toks, i, cats, target, lex) if cats else None
         if new is not None and new != t.low:
             edits.append((t.start, t.end, _match_case(t.text, new)))
     edits += _sex_code_edits_en(text, toks, target, lex)
     return edits
-
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #75aacf13
 _VOWELS = frozenset("aeiouyàâäéèêëîïôöûùü")
@@ -381,63 +411,99 @@ def _impersonal_il(st: _FrState, i: int) -> bool:
                 return True
     return False
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #3affa3c3
+def _thing_subject(st: _FrState, i: int) -> bool:
+    "Does the verb after the subject pronoun at i (past ne/se/y/en) say the referent is a thing (*elle irradie*)?"
+    low, k = st.low, i + 1
+    while low(k) in ("ne", "n'", "se", "s'", "y", "en"):
+        k += 1
+    verb = low(k)
+    return verb in st.ctx["nonperson_verbs"] or (verb is not None
+                                                 and f"{verb} {low(k + 1)}" in st.ctx["nonperson_verbs"])
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #27dd78fd
+def _fr_il_elle(st: _FrState, i: int) -> list:
+    "il/elle at i: stressed *elle* after a preposition, impersonal *il*, a thing's pronoun, or the patient."
+    t, w = st.toks[i], st.toks[i].low
+    if w == "elle" and st.low(i - 1) in st.ctx["stressed_prepositions"]:       # chez elle / avec elle: stressed
+        st.anchor[i], st.other[i] = st.src == "F", st.src != "F"
+        if st.src != "F":
+            return []
+        return [(t.start, t.end, _match_case(t.text, st.lex.swap(w, "stressed", st.target)))]
+    if w == "il" and _impersonal_il(st, i):
+        st.impersonal[i] = True
+        return []
+    if _thing_subject(st, i) or ("M" if w == "il" else "F") != st.src:
+        st.other[i] = True
+        return []
+    st.anchor[i] = True
+    return [(t.start, t.end, _match_case(t.text, st.lex.swap(w, "subject", st.target)))]
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #7bd757c0
+def _fr_lui(st: _FrState, i: int) -> list:
+    "Stressed *lui* after a preposition (*chez lui*): the patient when rewriting a man."
+    t = st.toks[i]
+    if st.low(i - 1) not in st.ctx["stressed_prepositions"]:
+        return []
+    if st.src != "M":
+        st.other[i] = True
+        return []
+    st.anchor[i] = True
+    return [(t.start, t.end, _match_case(t.text, "elle"))]
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #d3d5d0fc
+def _fr_meme(st: _FrState, i: int) -> list:
+    "*lui-même* / *elle-même*: the patient when it has a target-sex form."
+    t = st.toks[i]
+    new = st.lex.swap(t.low, "stressed", st.target)
+    if not new:
+        st.other[i] = True
+        return []
+    st.anchor[i] = True
+    return [(t.start, t.end, _match_case(t.text, new))]
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #3437c1e3
+def _fr_inversion(st: _FrState, i: int) -> list:
+    "Inversion *a-t-il* / *a-t-elle* of the source sex (not *y a-t-il*)."
+    t = st.toks[i]
+    head, _, pron = t.low.rpartition("-")
+    if ("M" if pron == "il" else "F") != st.src or st.low(i - 1) == "y":
+        return []
+    new = ("-".join(t.text.split("-")[:-1]) + "-" + ("elle" if pron == "il" else "il"))
+    st.anchor[i] = True
+    return [(t.start, t.end, new if not t.text.isupper() else new.upper())]
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #479b9fe4
+def _fr_clitic(st: _FrState, i: int) -> list:
+    "The object clitic *le/la* before a verb of handling (*on la retrouve*)."
+    t, w = st.toks[i], st.toks[i].low
+    if not st.lex.is_source(w, "clitic", st.target):
+        return []
+    return [(t.start, t.end, _match_case(t.text, st.lex.swap(w, "clitic", st.target)))]
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #6bdf2b0b
+def _fr_pronoun_at(st: _FrState, i: int) -> list:
+    "The edits of word i by the step of its pronoun form (none for other words)."
+    w = st.toks[i].low
+    if w in ("il", "elle"):
+        return _fr_il_elle(st, i)
+    if w == "lui":
+        return _fr_lui(st, i)
+    if w in ("lui-même", "elle-même"):
+        return _fr_meme(st, i)
+    if "-" in w and (w.endswith("-il") or w.endswith("-elle")):    # a-t-il / a-t-elle
+        return _fr_inversion(st, i)
+    if w in ("le", "la") and st.low(i + 1) in st.ctx["clitic_verbs"]:
+        return _fr_clitic(st, i)
+    return []
+
 # %% ../nbs/0_shared/04_rewrite.ipynb #0811ac0e
 def _fr_pronouns(st: _FrState) -> list:
     "Classify/rewrite il, elle, lui, le/la clitics; mark anchors. Returns edits."
-    toks, ctx, lex, target, src = st.toks, st.ctx, st.lex, st.target, st.src
     edits = []
-    low = st.low
-    for i, t in enumerate(toks):
-        if t.kind != "w":
-            continue
-        w = t.low
-        if w in ("il", "elle"):
-            prev = low(i - 1)
-            if w == "elle" and prev in ctx["stressed_prepositions"]:       # chez elle / avec elle: stressed
-                st.anchor[i], st.other[i] = src == "F", src != "F"
-                if src == "F":
-                    edits.append((t.start, t.end, _match_case(t.text, lex.swap(w, "stressed", target))))
-                continue
-            if w == "il" and _impersonal_il(st, i):
-                st.impersonal[i] = True
-                continue
-            k = i + 1
-            while low(k) in ("ne", "n'", "se", "s'", "y", "en"):
-                k += 1
-            verb = low(k)
-            if verb in ctx["nonperson_verbs"] or (verb is not None
-                                                  and f"{verb} {low(k + 1)}" in ctx["nonperson_verbs"]):
-                st.other[i] = True
-                continue
-            g_word = "M" if w == "il" else "F"
-            if g_word == src:
-                st.anchor[i] = True
-                edits.append((t.start, t.end, _match_case(t.text, lex.swap(w, "subject", target))))
-            else:
-                st.other[i] = True
-        elif w == "lui":
-            if low(i - 1) in ctx["stressed_prepositions"]:
-                if src == "M":
-                    st.anchor[i] = True
-                    edits.append((t.start, t.end, _match_case(t.text, "elle")))
-                else:
-                    st.other[i] = True
-        elif w in ("lui-même", "elle-même"):
-            new = lex.swap(w, "stressed", target)
-            if new:
-                st.anchor[i] = True
-                edits.append((t.start, t.end, _match_case(t.text, new)))
-            else:
-                st.other[i] = True
-        elif "-" in w and (w.endswith("-il") or w.endswith("-elle")):    # a-t-il / a-t-elle
-            head, _, pron = w.rpartition("-")
-            if ("M" if pron == "il" else "F") == src and low(i - 1) != "y":
-                new = ("-".join(t.text.split("-")[:-1]) + "-" + ("elle" if pron == "il" else "il"))
-                st.anchor[i] = True
-                edits.append((t.start, t.end, new if not t.text.isupper() else new.upper()))
-        elif w in ("le", "la") and low(i + 1) in ctx["clitic_verbs"]:
-            if lex.is_source(w, "clitic", target):
-                edits.append((t.start, t.end, _match_case(t.text, lex.swap(w, "clitic", target))))
+    for i, t in enumerate(st.toks):
+        if t.kind == "w":
+            edits += _fr_pronoun_at(st, i)
     return edits
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #6d6323a2
@@ -488,93 +554,106 @@ def _determiner_edits(st: _FrState, i: int, new_noun: str) -> list:
         return [(start, gap_end, new)]
     return [(start, gap_end, new + (gap if gap else " "))]
 
+# %% ../nbs/0_shared/04_rewrite.ipynb #694002b6
+_KIN = ("père", "mère", "grand-père", "grand-mère")
+
+_TITLES = ("m", "mme", "mlle", "mr")
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #2a2cd520
+def _mark_title_name(st: _FrState, j: int, patient: bool) -> None:
+    "Mark the capitalised name from token j (one line, after its first word) as the patient or as someone else."
+    toks, name = st.toks, j
+    while name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and (name == j
+                                                                                      or not toks[name].nl):
+        (st.anchor if patient else st.other)[name] = True
+        name += 1
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #356ead7a
+def _fr_title(st: _FrState, i: int) -> list:
+    "A title (*M. / Mme / Mlle / Mr*) at i before a capitalised name: title and name are the patient or someone else."
+    toks, t, w = st.toks, st.toks[i], st.toks[i].low
+    dot = i + 1 < st.n and toks[i + 1].text == "." and toks[i + 1].start == t.end
+    j = i + 2 if dot else i + 1
+    if not (j < st.n and toks[j].kind == "w" and toks[j].text[0].isupper() and (w != "m" or dot)):
+        return []
+    form = "m." if w == "m" else ("mr." if (w == "mr" and dot) else w)
+    title_gender = "M" if w in ("m", "mr") else "F"
+    if dot:
+        st.title_dot[i + 1] = True
+    _mark_title_name(st, j, title_gender == st.src)
+    if title_gender != st.src:
+        st.other[i] = True
+        return []
+    st.anchor[i] = True
+    new = st.lex.swap(form, "title", st.target)
+    end = toks[i + 1].end if dot else t.end
+    return [(t.start, end, new if new[0].isupper() else new.capitalize())]
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #10d7cba2
+def _fr_kin(st: _FrState, i: int) -> list:
+    "A kin word at i: the patient in *mère de 3 enfants* (not after a possessive), else someone else."
+    toks, ctx, lex, low, t = st.toks, st.ctx, st.lex, st.low, st.toks[i]
+    nx, nx2 = low(i + 1), toks[i + 2] if i + 2 < st.n else None
+    if not (nx in ("de", "d'") and nx2 is not None and (nx2.kind == "n" or nx2.low in ctx["kin_counts"])
+            and low(i - 1) not in ctx["possessives"]):
+        st.other[i] = True
+        return []
+    if st.src not in lex.gender_of(t.low):
+        return []
+    st.anchor[i] = True
+    new = lex.swap(t.low, "kin_of", st.target)
+    return [(t.start, t.end, _match_case(t.text, new))] + _determiner_edits(st, i, new)
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #79d107ec
+def _mark_name_after(st: _FrState, i: int) -> None:
+    "*Madame Dupont retrouvée au sol*: the capitalised name after the name noun at i is the patient too."
+    toks, name = st.toks, i + 1
+    while (name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and not toks[name].nl
+           and toks[name].low not in st.ctx["other_person_nouns"]):
+        st.anchor[name] = True
+        name += 1
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #b24d0ced
+def _fr_person_noun(st: _FrState, i: int) -> list:
+    """A person noun at i: the patient (rewritten with its determiner) unless after a possessive (*sa femme*), in a
+    known non-patient phrase (*femme de ménage*) or of the target sex already."""
+    toks, ctx, lex, low, t, w = st.toks, st.ctx, st.lex, st.low, st.toks[i], st.toks[i].low
+    if low(i - 1) in ctx["possessives"] or (w in ("femme", "homme") and low(i + 1) == "de"
+                                            and low(i + 2) in ctx["person_noun_jobs"]):
+        st.other[i] = True
+        return []
+    if not lex.is_source(w, "noun", st.target):
+        st.other[i] = True          # a person noun of the target sex: someone else
+        return []
+    st.anchor[i] = True
+    new = lex.swap(w, "noun", st.target)
+    edits = [(t.start, t.end, _match_case(t.text, new))] + _determiner_edits(st, i, new)
+    if w in ctx["name_nouns"]:
+        _mark_name_after(st, i)
+    return edits
+
+# %% ../nbs/0_shared/04_rewrite.ipynb #5ea041cc
+def _fr_noun_at(st: _FrState, i: int) -> list:
+    "The edits of word i by the noun steps (someone else's noun, title, kin word, person noun; none for others)."
+    t, w = st.toks[i], st.toks[i].low
+    if w in st.ctx["other_person_nouns"] and w not in _KIN:
+        st.other[i] = True
+        return []
+    if w in _TITLES and t.text[0].isupper():       # titles: M. / Mme / Mlle / Mr before a capitalised name
+        return _fr_title(st, i)
+    if w in _KIN:
+        return _fr_kin(st, i)
+    if not any(st.lex.is_source(w, "noun", s) for s in SEXES):
+        return []
+    return _fr_person_noun(st, i)
+
 # %% ../nbs/0_shared/04_rewrite.ipynb #58bf40ce
 def _fr_nouns(st: _FrState) -> list:
     "Patient nouns, titles, kin words (+ their determiners); mark anchors/other persons. Returns edits."
-    toks, ctx, lex, target, src = st.toks, st.ctx, st.lex, st.target, st.src
-    low, edits = st.low, []
-    for i, t in enumerate(toks):
-        if t.kind != "w":
-            continue
-        w = t.low
-        if w in ctx["other_person_nouns"] and w not in ("mère", "père", "grand-mère", "grand-père"):
-            st.other[i] = True
-            continue
-        # titles: M. / Mme / Mlle / Mr before a capitalised name
-        if w in ("m", "mme", "mlle", "mr") and t.text[0].isupper():
-            dot = i + 1 < st.n and toks[i + 1].text == "." and toks[i + 1].start == t.end
-            j = i + 2 if dot else i + 1
-            if j < st.n and toks[j].kind == "w" and toks[j].text[0].isupper() and (w != "m" or dot):
-                form = "m." if w == "m" else ("mr." if (w == "mr" and dot) else w)
-                title_gender = "M" if w in ("m", "mr") else "F"
-                if dot:
-                    st.title_dot[i + 1] = True
-                name = j
-                while name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and (name == j
-
-
-
-
-
-
-                                                                                                                           or not toks[name].nl):
-                    (st.anchor if title_gender == src else st.other)[name] = True
-                    name += 1
-                if title_gender == src:
-                    st.anchor[i] = True
-                    new = lex.swap(form, "title", target)
-                    end = toks[i + 1].end if dot else t.end
-                    edits.append((t.start, end, new if new[0].isupper() else new.capitalize()))
-                else:
-                    st.other[i] = True
-            continue
-        if w in ("père", "mère", "grand-père", "grand-mère"):
-            nx, nx2 = low(i + 1), toks[i + 2] if i + 2 < st.n else None
-            if nx in ("de", "d'") and nx2 is not None and (nx2.kind == "n"
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                           or nx2.low in ctx["kin_counts"]) and low(i - 1) not in ctx["possessives"]:
-                if src in lex.gender_of(w):
-                    st.anchor[i] = True
-                    edits.append((t.start, t.end, _match_case(t.text, lex.swap(w, "kin_of", target))))
-                    edits += _determiner_edits(st, i, lex.swap(w, "kin_of", target))
-                continue
-            st.other[i] = True
-            continue
-        if not any(lex.is_source(w, "noun", s) for s in SEXES):
-            continue
-        # a person noun: patient unless after a possessive (sa femme) or a known non-patient phrase
-        if low(i - 1) in ctx["possessives"] or (w in ("femme", "homme") and low(i + 1) == "de"
-                                                and low(i + 2) in ctx["person_noun_jobs"]):
-            st.other[i] = True
-            continue
-        if lex.is_source(w, "noun", target):
-            st.anchor[i] = True
-            new = lex.swap(w, "noun", target)
-            edits.append((t.start, t.end, _match_case(t.text, new)))
-            edits += _determiner_edits(st, i, new)
-            if w in ctx["name_nouns"]:      # Madame Dupont retrouvée au sol: the name is the patient too
-                name = i + 1
-                while name < st.n and toks[name].kind == "w" and toks[name].text[0].isupper() and not toks[name].nl \
-                        and toks[name].low not in ctx["other_person_nouns"]:
-                    st.anchor[name] = True
-                    name += 1
-        else:
-            st.other[i] = True          # a person noun of the target sex: someone else
+    edits = []
+    for i, t in enumerate(st.toks):
+        if t.kind == "w":
+            edits += _fr_noun_at(st, i)
     return edits
 
 # %% ../nbs/0_shared/04_rewrite.ipynb #dc2d29a5
@@ -819,7 +898,8 @@ def _sex_code_edits_fr(st: _FrState) -> list:
     code_src = "H" if st.src == "M" else "F"
     code_dst = "F" if st.target == "F" else "H"
     for i, t in enumerate(toks):
-        if t.kind == "w" and t.text == code_src and i >= 2 and toks[i - 1].text in ":=" and toks[i - 2].low in st.ctx["sex_code_labels"]:
+        if (t.kind == "w" and t.text == code_src and i >= 2 and toks[i - 1].text in ":="
+                and toks[i - 2].low in st.ctx["sex_code_labels"]):
             edits.append((t.start, t.end, code_dst))
     return edits
 
