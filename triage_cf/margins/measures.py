@@ -187,22 +187,8 @@ def render_prompt(row, variant: str, tpl: Templates, scale: dict) -> str:
     t = tpl.t
     lines = [] if variant == BASELINE else [t["sex_line"][variant]]
     cc = row.get("chief_complaint")
-    cc = t["complaint_missing"] if cc is None or cc is pd.NA or (isinstance(cc, float)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                         and math.isnan(cc)) or not str(cc).strip() else str(cc).strip()
+    missing = cc is None or cc is pd.NA or (isinstance(cc, float) and math.isnan(cc)) or not str(cc).strip()
+    cc = t["complaint_missing"] if missing else str(cc).strip()
     lines.append(Template(t["complaint_line"]).substitute(complaint=cc))
     lines.append(Template(t["vitals_line"]).substitute(vitals=vitals_text(row, tpl) or t["vitals_missing"]))
     levels = [int(x) for x in scale["levels"]]

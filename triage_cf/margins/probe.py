@@ -56,7 +56,8 @@ class ProbeSettings:
     "What an experiment fixes besides the model: scale, language, ΔM source and generation settings."
     scale: dict
     lang: str = "en"
-    mode: str = "score"            # score (teacher-forced) | topk (API top_logprobs) | reason (think, then score after it)
+    #: score (teacher-forced) | topk (API top_logprobs) | reason (think, then score after it)
+    mode: str = "score"
     gate_threshold: float = 1.0
     min_degradation: float = 0.1
     max_tokens: int = 24
@@ -64,7 +65,8 @@ class ProbeSettings:
     temperature: float = 0.0
     seed: int = 0
     budget: str = "none"           # reasoning-budget tier label (TAR is compared within a tier)
-    reasoning_effort: str | None = None   # sent to servers that take it (openai SDK `reasoning_effort`: low, medium, high)
+    #: sent to servers that take it (openai SDK `reasoning_effort`: low, medium, high)
+    reasoning_effort: str | None = None
     @property
     def levels(self) -> list[int]: return [int(x) for x in self.scale["levels"]]
     @property
@@ -334,28 +336,53 @@ def probe_vignette(client, rows: pd.DataFrame, st: ProbeSettings, tpl: Templates
 
 # %% ../../nbs/2_margins/01_probe.ipynb #94b2b5d9
 STORE_SCHEMA: dict[str, str] = {
-    "experiments": """experiment_id VARCHAR PRIMARY KEY, created_utc VARCHAR, dataset VARCHAR, backend VARCHAR, model VARCHAR,
-        fingerprint VARCHAR, mode VARCHAR, budget VARCHAR, template_version VARCHAR, template_sha256 VARCHAR,
-        categories_sha256 VARCHAR, vignettes_sha256 VARCHAR, settings VARCHAR, client_stats VARCHAR""",
+    "experiments": """experiment_id VARCHAR PRIMARY KEY, created_utc VARCHAR, dataset VARCHAR, backend VARCHAR,
+        model VARCHAR, fingerprint VARCHAR, mode VARCHAR, budget VARCHAR, template_version VARCHAR,
+        template_sha256 VARCHAR, categories_sha256 VARCHAR, vignettes_sha256 VARCHAR, settings VARCHAR,
+        client_stats VARCHAR""",
     "prompt_versions": "template_sha256 VARCHAR PRIMARY KEY, version VARCHAR, name VARCHAR, content VARCHAR",
     "calls": """experiment_id VARCHAR, vignette_id VARCHAR, variant VARCHAR, pass_name VARCHAR, branch VARCHAR,
         prompt_sha256 VARCHAR, template_sha256 VARCHAR, lp DOUBLE[], lp_censored BOOLEAN[], delta_m DOUBLE,
         delta_m_censored BOOLEAN, written_level INTEGER, decided_level INTEGER, text VARCHAR, prompt_tokens INTEGER,
-        output_tokens INTEGER, reasoning_tokens INTEGER, answer_tokens INTEGER, tar DOUBLE, finish_reason VARCHAR, truncated BOOLEAN,
-        cached BOOLEAN, error VARCHAR,
-        outcome VARCHAR, gate_fired BOOLEAN, gate_reason VARCHAR, start_ns BIGINT, end_ns BIGINT, trace_id VARCHAR, span_id VARCHAR""",
-    "vignette_metrics": """experiment_id VARCHAR, vignette_id VARCHAR, subject_id VARCHAR, variant VARCHAR, true_level INTEGER,
-        category VARCHAR, outcome VARCHAR, delta_m DOUBLE, delta_m_censored BOOLEAN, lp DOUBLE[], written_level INTEGER,
-        decided_level INTEGER, baseline_delta_m DOUBLE, delta_m_shift DOUBLE, gate_fired BOOLEAN, gate_reason VARCHAR,
-        crr_corrective DOUBLE, crr_clinical DOUBLE, crr_parsing DOUBLE, crr_protocol DOUBLE, crr_reason_corrective VARCHAR,
-        crr_reason_clinical VARCHAR, crr_reason_parsing VARCHAR, crr_reason_protocol VARCHAR, gap DOUBLE, verdict VARCHAR,
-        gap_no_parsing DOUBLE, verdict_no_parsing VARCHAR, corrective_level INTEGER, corrective_level_change INTEGER,
-        tar DOUBLE, prompt_tokens INTEGER, output_tokens INTEGER, reasoning_tokens INTEGER, answer_tokens INTEGER, truncated BOOLEAN,
+        output_tokens INTEGER, reasoning_tokens INTEGER, answer_tokens INTEGER, tar DOUBLE, finish_reason VARCHAR,
+        truncated BOOLEAN, cached BOOLEAN, error VARCHAR, outcome VARCHAR, gate_fired BOOLEAN, gate_reason VARCHAR,
+        start_ns BIGINT, end_ns BIGINT, trace_id VARCHAR, span_id VARCHAR""",
+    "vignette_metrics": """experiment_id VARCHAR, vignette_id VARCHAR, subject_id VARCHAR, variant VARCHAR,
+        true_level INTEGER, category VARCHAR, outcome VARCHAR, delta_m DOUBLE, delta_m_censored BOOLEAN,
+        lp DOUBLE[], written_level INTEGER, decided_level INTEGER, baseline_delta_m DOUBLE, delta_m_shift DOUBLE,
+        gate_fired BOOLEAN, gate_reason VARCHAR, crr_corrective DOUBLE, crr_clinical DOUBLE, crr_parsing DOUBLE,
+        crr_protocol DOUBLE, crr_reason_corrective VARCHAR, crr_reason_clinical VARCHAR, crr_reason_parsing VARCHAR,
+        crr_reason_protocol VARCHAR, gap DOUBLE, verdict VARCHAR, gap_no_parsing DOUBLE, verdict_no_parsing VARCHAR,
+        corrective_level INTEGER, corrective_level_change INTEGER, tar DOUBLE, prompt_tokens INTEGER,
+        output_tokens INTEGER, reasoning_tokens INTEGER, answer_tokens INTEGER, truncated BOOLEAN,
         template_sha256 VARCHAR""",
-    "branch_metrics": """experiment_id VARCHAR, vignette_id VARCHAR, subject_id VARCHAR, variant VARCHAR, branch VARCHAR,
-        delta_m DOUBLE, delta_m_censored BOOLEAN, crr DOUBLE, crr_reason VARCHAR, recovery_class VARCHAR, written_level INTEGER,
-        level_change_vs_baseline INTEGER, outcome VARCHAR""",
+    "branch_metrics": """experiment_id VARCHAR, vignette_id VARCHAR, subject_id VARCHAR, variant VARCHAR,
+        branch VARCHAR, delta_m DOUBLE, delta_m_censored BOOLEAN, crr DOUBLE, crr_reason VARCHAR,
+        recovery_class VARCHAR, written_level INTEGER, level_change_vs_baseline INTEGER, outcome VARCHAR""",
 }
+
+# %% ../../nbs/2_margins/01_probe.ipynb #ce1ad2f3
+def _create_tables(con) -> None:
+    "Create the tables of `STORE_SCHEMA` on connection `con`; a store of an earlier version gains the new columns."
+    for t, cols in STORE_SCHEMA.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
+        for col in (c.strip() for c in cols.split(",")):
+            if "PRIMARY KEY" not in col:
+                con.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {col}")
+
+# %% ../../nbs/2_margins/01_probe.ipynb #776aaf75
+#: the row order of `MarginStore.table` (`1`, the first column, for a table not named here)
+_TABLE_ORDER = {"calls": "vignette_id, variant, pass_name, branch", "vignette_metrics": "vignette_id, variant",
+                "branch_metrics": "vignette_id, variant, branch"}
+
+# %% ../../nbs/2_margins/01_probe.ipynb #a0f6fe55
+def _insert_columns(have: list[str], df: pd.DataFrame, path, table: str) -> list[str]:
+    "The columns of `table` (`have`, in its order) that `df` gives; a column of `df` the table lacks is refused."
+    cols = [c for c in have if c in df.columns]
+    extra = [c for c in df.columns if c not in have]
+    if extra:
+        raise ValueError(f"{path}: table {table} has no column(s) {extra}")
+    return cols
 
 # %% ../../nbs/2_margins/01_probe.ipynb #873b22f1
 class MarginStore:
@@ -364,21 +391,14 @@ class MarginStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.con = duckdb.connect(str(self.path))
-        for t, cols in STORE_SCHEMA.items():
-            self.con.execute(f"CREATE TABLE IF NOT EXISTS {t} ({cols})")
-            for col in (c.strip() for c in cols.split(",")):   # a store of an earlier version gains the new columns
-                if "PRIMARY KEY" not in col:
-                    self.con.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {col}")
+        _create_tables(self.con)
     def columns(self, table: str) -> list[str]:
         return [r[0] for r in self.con.execute(f"DESCRIBE {table}").fetchall()]
     def insert(self, table: str, df: pd.DataFrame) -> int:
         "Append rows (columns by name; missing columns NULL). Returns the number of rows."
         if not len(df):
             return 0
-        cols = [c for c in self.columns(table) if c in df.columns]
-        extra = [c for c in df.columns if c not in self.columns(table)]
-        if extra:
-            raise ValueError(f"{self.path}: table {table} has no column(s) {extra}")
+        cols = _insert_columns(self.columns(table), df, self.path, table)
         self.con.register("_incoming", df[cols])
         try:
             self.con.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(cols)} FROM _incoming")
@@ -403,8 +423,7 @@ class MarginStore:
         return self.con.execute(sql, list(params or [])).df()
     def table(self, name: str, experiment: str | None = None) -> pd.DataFrame:
         "All rows of `name` (one experiment's when given), in a stable order."
-        order = {"calls": "vignette_id, variant, pass_name, branch", "vignette_metrics": "vignette_id, variant",
-                 "branch_metrics": "vignette_id, variant, branch"}.get(name, "1")
+        order = _TABLE_ORDER.get(name, "1")
         where = " WHERE experiment_id = ?" if experiment else ""
         return self.query(f"SELECT * FROM {name}{where} ORDER BY {order}", [experiment] if experiment else [])
     def close(self):
@@ -658,7 +677,8 @@ def figure_crr_paired(vm: pd.DataFrame):
             ax.plot([lo, hi], [lo, hi], color="#999999", lw=0.8); ax.scatter(x, y, s=14, alpha=0.7)
         else:
             _empty(ax, "gate never fired" if not len(fired) else "no defined CRR pair")
-        ax.set_xlabel(f"CRR, {dname}"); ax.set_title(f"corrective vs {dname} (n = {int(ok.sum()) if len(fired) else 0})")
+        ax.set_xlabel(f"CRR, {dname}")
+        ax.set_title(f"corrective vs {dname} (n = {int(ok.sum()) if len(fired) else 0})")
     axes[0].set_ylabel("CRR, corrective")
     fig.suptitle("Paired CRR: corrective against each distractor")
     return fig
@@ -799,6 +819,91 @@ def _answer_levels(d: dict, levels: Sequence[int], n: int, path) -> tuple[np.nda
         raise ValueError(f"{path}: line {n}: 'censored' must list levels of {names}, got {cen!r}")
     return np.array([float(lp[s]) for s in names]), np.array([s in set(map(str, cen)) for s in names])
 
+# %% ../../nbs/2_margins/01_probe.ipynb #571d5457
+def _answer_object(raw: str, n: int, path) -> dict:
+    "Line `n` of an answers file as a JSON object naming its vignette and a known variant."
+    try:
+        d = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {n}: not JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: line {n}: a line must be a JSON object")
+    for f in ("vignette_id", "variant"):
+        if d.get(f) in (None, ""):
+            raise ValueError(f"{path}: line {n}: missing field {f!r}")
+    if d["variant"] not in VARIANTS:
+        raise ValueError(f"{path}: line {n}: unknown variant {d['variant']!r}; variants: {VARIANTS}")
+    return d
+
+# %% ../../nbs/2_margins/01_probe.ipynb #cb2f3da1
+def _answer_key(d: dict, n: int, path, seen: dict) -> tuple[str, str, str]:
+    """(vignette, variant, branch) of line `n`, branch `""` for pass 1; `seen` maps the keys of the earlier lines to
+    their line numbers, and a key given twice is refused."""
+    b = "" if d.get("branch") in (None, "", "pass1") else d["branch"]
+    if b not in BRANCHES and b != "":
+        raise ValueError(f"{path}: line {n}: unknown branch {b!r}; branches: '' (pass 1), {BRANCHES}")
+    key = (str(d["vignette_id"]), d["variant"], b)
+    if key in seen:
+        raise ValueError(f"{path}: line {n}: vignette {key[0]} variant {key[1]} branch {b or 'pass1'!r} already "
+                         f"given on line {seen[key]}")
+    seen[key] = n
+    return key
+
+# %% ../../nbs/2_margins/01_probe.ipynb #ddf93f3d
+def _answer_scale_levels(d: dict, pass1: bool, st: ProbeSettings, n: int, path) -> tuple[int | None, int | None]:
+    """(true level, written level) of line `n`, each on the scale or None; the written level is read from `text` when
+    the line does not give it. A pass-1 line must name its patient."""
+    if pass1 and d.get("subject_id") in (None, ""):
+        raise ValueError(f"{path}: line {n}: a pass-1 line needs 'subject_id'")
+    tl = d.get("true_level")
+    if tl is not None and tl not in st.levels:
+        raise ValueError(f"{path}: line {n}: 'true_level' {tl!r} is not on the scale {st.levels}")
+    wl = d["written_level"] if "written_level" in d else written_level(d.get("text"), st.key, st.levels)
+    if wl is not None and wl not in st.levels:
+        raise ValueError(f"{path}: line {n}: 'written_level' {wl!r} is not on the scale {st.levels}")
+    return tl, wl
+
+# %% ../../nbs/2_margins/01_probe.ipynb #88173358
+def _answer_tokens(d: dict, n: int, path) -> tuple[int | None, int | None]:
+    "(output, reasoning) token counts of line `n`; the output includes the reasoning, so it cannot be smaller."
+    o, r = (_count(d.get(f), f, n, path) for f in ("output_tokens", "reasoning_tokens"))
+    if o is not None and r is not None and r > o:
+        raise ValueError(f"{path}: line {n}: {r} reasoning tokens exceed the {o} output tokens (output_tokens "
+                         "includes the reasoning)")
+    return o, r
+
+# %% ../../nbs/2_margins/01_probe.ipynb #69b88862
+def _answer_outcome(d: dict, lp: np.ndarray, cen: np.ndarray, wl: int | None, n: int, path) -> str:
+    """The `outcome` of line `n`, derived when absent (from its error, level logprobs and written level), and checked:
+    a known outcome or `call_error:<reason>`, and `ok` only with logprobs."""
+    err = d.get("error")
+    outcome = d.get("outcome") or (f"call_error:{err}" if err else "no_logprobs" if np.isnan(lp).all() else
+                                   "level_not_in_topk" if cen.all() else "ok" if wl is not None
+                                   else "no_level_written")
+    if outcome not in KNOWN_OUTCOMES and not str(outcome).startswith("call_error:"):
+        raise ValueError(f"{path}: line {n}: unknown outcome {outcome!r}; known: {KNOWN_OUTCOMES} or "
+                         "call_error:<reason>")
+    if outcome == "ok" and np.isnan(lp).all():
+        raise ValueError(f"{path}: line {n}: outcome 'ok' without 'logprobs' or 'top_logprobs'")
+    return outcome
+
+# %% ../../nbs/2_margins/01_probe.ipynb #ba2d272e
+def _answer_call(d: dict, key: tuple[str, str, str], st: ProbeSettings, n: int, path) -> dict:
+    "The call record of line `n` (its `key` from `_answer_key`), with the line number and the vignette's descriptors."
+    tl, wl = _answer_scale_levels(d, key[2] == "", st, n, path)
+    lp, cen = _answer_levels(d, st.levels, n, path)
+    o, r = _answer_tokens(d, n, path)
+    outcome = _answer_outcome(d, lp, cen, wl, n, path)
+    rec = call_record(lp, cen, st.levels, outcome, wl, o, r, d.get("finish_reason"),
+                      prompt_sha256=d.get("prompt_sha256"),
+                      text=d.get("text"), prompt_tokens=_count(d.get("prompt_tokens"), "prompt_tokens", n, path),
+                      cached=False,
+                      error=d.get("error"))
+    return dict(rec, _line=n, vignette_id=key[0], variant=key[1], branch=key[2], subject_id=d.get("subject_id"),
+                true_level=tl,
+                category=d.get("category") or "uncategorised", model=d.get("model"), budget=d.get("budget"),
+                template_sha256=d.get("template_sha256"))
+
 # %% ../../nbs/2_margins/01_probe.ipynb #f1a2b3c9
 def read_answers(path: str | Path, st: ProbeSettings) -> list[dict]:
     "The lines of an answers file, each checked (line number in every error) and turned into a call record."
@@ -807,63 +912,15 @@ def read_answers(path: str | Path, st: ProbeSettings) -> list[dict]:
     for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not raw.strip():
             continue
-        try:
-            d = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line {n}: not JSON ({e.msg})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: line {n}: a line must be a JSON object")
-        for f in ("vignette_id", "variant"):
-            if d.get(f) in (None, ""):
-                raise ValueError(f"{path}: line {n}: missing field {f!r}")
-        if d["variant"] not in VARIANTS:
-            raise ValueError(f"{path}: line {n}: unknown variant {d['variant']!r}; variants: {VARIANTS}")
-        b = "" if d.get("branch") in (None, "", "pass1") else d["branch"]
-        if b not in BRANCHES and b != "":
-            raise ValueError(f"{path}: line {n}: unknown branch {b!r}; branches: '' (pass 1), {BRANCHES}")
-        key = (str(d["vignette_id"]), d["variant"], b)
-        if key in seen:
-            raise ValueError(f"{path}: line {n}: vignette {key[0]} variant {key[1]} branch {b or 'pass1'!r} already "
-                             f"given on line {seen[key]}")
-        seen[key] = n
-        if b == "" and d.get("subject_id") in (None, ""):
-            raise ValueError(f"{path}: line {n}: a pass-1 line needs 'subject_id'")
-        tl = d.get("true_level")
-        if tl is not None and tl not in st.levels:
-            raise ValueError(f"{path}: line {n}: 'true_level' {tl!r} is not on the scale {st.levels}")
-        wl = d["written_level"] if "written_level" in d else written_level(d.get("text"), st.key, st.levels)
-        if wl is not None and wl not in st.levels:
-            raise ValueError(f"{path}: line {n}: 'written_level' {wl!r} is not on the scale {st.levels}")
-        lp, cen = _answer_levels(d, st.levels, n, path)
-        o, r = (_count(d.get(f), f, n, path) for f in ("output_tokens", "reasoning_tokens"))
-        if o is not None and r is not None and r > o:
-            raise ValueError(f"{path}: line {n}: {r} reasoning tokens exceed the {o} output tokens (output_tokens "
-                             "includes the reasoning)")
-        err = d.get("error")
-        outcome = d.get("outcome") or (f"call_error:{err}" if err else "no_logprobs" if np.isnan(lp).all() else
-                                       "level_not_in_topk" if cen.all() else "ok" if wl is not None
-                                       else "no_level_written")
-        if outcome not in KNOWN_OUTCOMES and not str(outcome).startswith("call_error:"):
-            raise ValueError(f"{path}: line {n}: unknown outcome {outcome!r}; known: {KNOWN_OUTCOMES} or "
-                             "call_error:<reason>")
-        if outcome == "ok" and np.isnan(lp).all():
-            raise ValueError(f"{path}: line {n}: outcome 'ok' without 'logprobs' or 'top_logprobs'")
-        rec = call_record(lp, cen, st.levels, outcome, wl, o, r, d.get("finish_reason"),
-                          prompt_sha256=d.get("prompt_sha256"),
-                          text=d.get("text"), prompt_tokens=_count(d.get("prompt_tokens"), "prompt_tokens", n, path),
-                          cached=False,
-                          error=err)
-        out.append(dict(rec, _line=n, vignette_id=key[0], variant=key[1], branch=b, subject_id=d.get("subject_id"),
-                        true_level=tl,
-                        category=d.get("category") or "uncategorised", model=d.get("model"), budget=d.get("budget"),
-                        template_sha256=d.get("template_sha256")))
+        d = _answer_object(raw, n, path)
+        out.append(_answer_call(d, _answer_key(d, n, path, seen), st, n, path))
     if not out:
         raise ValueError(f"{path}: no answer line")
     return out
 
-# %% ../../nbs/2_margins/01_probe.ipynb #f1a2b3ca
-def answers_vignette(lines: list[dict], st: ProbeSettings, path) -> dict:
-    "Calls, per-variant and per-branch rows of one vignette's answers-file lines (same rows as `probe_vignette`)."
+# %% ../../nbs/2_margins/01_probe.ipynb #6f8a78be
+def _answer_pass1(lines: list[dict], path) -> dict:
+    "The pass-1 lines of one vignette by variant: one of each variant, agreeing on patient, true level and category."
     p1 = {d["variant"]: d for d in lines if d["branch"] == ""}
     vid = lines[0]["vignette_id"]
     if set(p1) != set(VARIANTS):
@@ -875,43 +932,80 @@ def answers_vignette(lines: list[dict], st: ProbeSettings, path) -> dict:
                 raise ValueError(f"{path}: line {d['_line']}: {f} {d[f]!r} differs from the vignette's "
                                  f"{p1[BASELINE][f]!r} "
                                  f"(line {p1[BASELINE]['_line']})")
-    rows = pd.DataFrame([dict(vignette_id=vid, subject_id=str(p1[v]["subject_id"]), variant=v,
-                              true_level=p1[v]["true_level"])
-                         for v in VARIANTS])
-    res = {"calls": [], "variants": [], "branches": []}
-    if any(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or any(d["outcome"] == "no_vitals" for d in lines
-                                                                     if d["branch"]):
-        if not all(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or len(lines) != 4:
-            raise ValueError(f"{path}: vignette {vid} (line {lines[0]['_line']}): 'no_vitals' must be the outcome of "
-                             "its four "
-                             "pass-1 lines and only of them")
-        res["variants"] = [_empty_variant_row(r, vid, "no_vitals") for _, r in rows.iterrows()]
-        return res
-    keep = lambda d: {k: v for k, v in d.items()
-                      if k not in ("_line", "subject_id", "true_level", "category", "model", "budget")}
-    by = {v: keep(p1[v]) for v in VARIANTS}
+    return p1
+
+# %% ../../nbs/2_margins/01_probe.ipynb #89b75f54
+def _no_vitals(lines: list[dict], p1: dict, path) -> bool:
+    "Whether one vignette's answers are those of a vignette without vitals: its four pass-1 lines, all `no_vitals`."
+    if not (any(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or any(d["outcome"] == "no_vitals" for d in lines
+                                                                           if d["branch"])):
+        return False
+    if not all(p1[v]["outcome"] == "no_vitals" for v in VARIANTS) or len(lines) != 4:
+        raise ValueError(f"{path}: vignette {lines[0]['vignette_id']} (line {lines[0]['_line']}): 'no_vitals' must be "
+                         "the outcome of its four pass-1 lines and only of them")
+    return True
+
+# %% ../../nbs/2_margins/01_probe.ipynb #003491b4
+def _answer_keep(d: dict) -> dict:
+    "The call fields of an answers-file line (its line number and the vignette's descriptors left out)."
+    return {k: v for k, v in d.items() if k not in ("_line", "subject_id", "true_level", "category", "model", "budget")}
+
+# %% ../../nbs/2_margins/01_probe.ipynb #b2b314db
+def _answer_gated(p1: dict, st: ProbeSettings) -> dict:
+    "The pass-1 calls of one vignette by variant, with the gate (`st.gate_threshold`) applied to their ΔM."
+    by = {v: _answer_keep(p1[v]) for v in VARIANTS}
     for v, r in by.items():
         r.update(gate_fired=gate(r["delta_m"], v, st.gate_threshold),
                  gate_reason=gate_reason(r["delta_m"], v, st.gate_threshold))
-        res["calls"].append(dict(r, pass_name="pass1"))
-    fired = {v for v in LABELLED if by[v]["gate_fired"]}
+    return by
+
+# %% ../../nbs/2_margins/01_probe.ipynb #a987bf26
+def _answer_branches(lines: list[dict], by: dict, fired: set, st: ProbeSettings, path) -> dict:
+    """The branch calls of one vignette's branch lines, with their metrics, by (variant, branch); a branch line must
+    belong to a variant whose gate fired (`fired`; `by`: the vignette's gated pass-1 calls)."""
     br = {}
     for d in (d for d in lines if d["branch"]):
         if d["variant"] not in fired:
             raise ValueError(f"{path}: line {d['_line']}: a {d['branch']} branch for variant {d['variant']} of "
-                             f"vignette {vid}, whose "
+                             f"vignette {lines[0]['vignette_id']}, whose "
                              f"gate does not fire at threshold {st.gate_threshold} (ΔM "
                              f"{by[d['variant']]['delta_m']:.6g}): "
                              "branches belong to gate-fired variants only (check --threshold)")
-        br[(d["variant"], d["branch"])] = dict(keep(d), **_branch_metrics(d, by[d["variant"]], by[BASELINE], st))
+        metrics = _branch_metrics(d, by[d["variant"]], by[BASELINE], st)
+        br[(d["variant"], d["branch"])] = dict(_answer_keep(d), **metrics)
+    return br
+
+# %% ../../nbs/2_margins/01_probe.ipynb #d221ed4a
+def _answer_branch_calls(br: dict, fired: set, by: dict, p1: dict, vid, st: ProbeSettings, path) -> list[dict]:
+    "The calls of the branches `br` of vignette `vid`, variant by variant: every branch of a gate-fired variant is due."
+    calls = []
     for v in sorted(fired, key=VARIANTS.index):
         miss = [b for b in BRANCHES if (v, b) not in br]
         if miss:
-            raise ValueError(f"{path}: vignette {vid} variant {v} (line {p1[v]['_line']}): the gate fires (ΔM "
-                             f"{by[v]['delta_m']:.6g} < {st.gate_threshold}) but branch(es) {miss} are missing")
+            raise ValueError(f"{path}: vignette {vid} variant {v} (line {p1[v]['_line']}): the gate "
+                             f"fires (ΔM {by[v]['delta_m']:.6g} < {st.gate_threshold}) but branch(es) {miss} are "
+                             "missing")
         for b in BRANCHES:
-            res["calls"].append(dict({k: x for k, x in br[(v, b)].items() if k not in _BRANCH_ONLY},
-                                     pass_name="branch"))
+            calls.append(dict({k: x for k, x in br[(v, b)].items() if k not in _BRANCH_ONLY}, pass_name="branch"))
+    return calls
+
+# %% ../../nbs/2_margins/01_probe.ipynb #f1a2b3ca
+def answers_vignette(lines: list[dict], st: ProbeSettings, path) -> dict:
+    "Calls, per-variant and per-branch rows of one vignette's answers-file lines (same rows as `probe_vignette`)."
+    p1 = _answer_pass1(lines, path)
+    vid = lines[0]["vignette_id"]
+    rows = pd.DataFrame([dict(vignette_id=vid, subject_id=str(p1[v]["subject_id"]), variant=v,
+                              true_level=p1[v]["true_level"])
+                         for v in VARIANTS])
+    res = {"calls": [], "variants": [], "branches": []}
+    if _no_vitals(lines, p1, path):
+        res["variants"] = [_empty_variant_row(r, vid, "no_vitals") for _, r in rows.iterrows()]
+        return res
+    by = _answer_gated(p1, st)
+    res["calls"] = [dict(r, pass_name="pass1") for r in by.values()]
+    fired = {v for v in LABELLED if by[v]["gate_fired"]}
+    br = _answer_branches(lines, by, fired, st, path)
+    res["calls"] += _answer_branch_calls(br, fired, by, p1, vid, st, path)
     res["variants"], res["branches"] = vignette_rows(rows, by, br, st)
     return res
 

@@ -71,7 +71,8 @@ def load_words(path: str | Path | None = None, spanish: str = "authors") -> pd.D
         df["es"] = df.es_project
     bad = df[~df.sentiment.isin(["positive", "negative"]) | ~df.category.isin(CATEGORIES)]
     if len(bad):
-        raise ValueError(f"{path}: {len(bad)} row(s) with an unknown sentiment or category: {bad.word_id.tolist()[:10]}")
+        raise ValueError(f"{path}: {len(bad)} row(s) with an unknown sentiment or category: "
+                         f"{bad.word_id.tolist()[:10]}")
     if df.word_id.duplicated().any():
         raise ValueError(f"{path}: duplicated word_id {df.word_id[df.word_id.duplicated()].tolist()}")
     for lang in TBIAS_LANGUAGES:
@@ -164,9 +165,9 @@ _LABEL_RE = re.compile(r"(?<![a-z0-9])(cis|trans)(?:\s*(?:gender(?:ed|s)?|genero
 _BOTH_RE = re.compile(r"(?<![a-z])(both|neither|none|ambos|ambas|ninguno|ninguna|ninguna de las dos)(?![a-z])")
 _BULLET = re.compile(r"^[\s\d\.\)\(\[\]\{\}\-*•#>:]+")
 _SEPS = re.compile(r"^[\s:=>→\-\)\(\]\[\.]+")
-_FILLER = re.compile(r"\b(words?|people|persons?|personas?|palabras?|terms?|terminos?|associated|asociad[oa]s?|with|con|"
-                     r"labels?|etiquetas?|labell?ed|etiquetad[oa]s?|groups?|grupos?|category|categoria|positive|negative|"
-                     r"positiv[oa]s?|negativ[oa]s?|the|los|las|el|la|as|como)\b|[\W\d_]+")
+_FILLER = re.compile(r"\b(words?|people|persons?|personas?|palabras?|terms?|terminos?|associated|asociad[oa]s?|with|"
+                     r"con|labels?|etiquetas?|labell?ed|etiquetad[oa]s?|groups?|grupos?|category|categoria|positive|"
+                     r"negative|positiv[oa]s?|negativ[oa]s?|the|los|las|el|la|as|como)\b|[\W\d_]+")
 
 # %% ../../nbs/3_tbias/00_words.ipynb #c576cdfd
 def _labels_in(s: str) -> set[str]:
