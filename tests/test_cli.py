@@ -136,3 +136,29 @@ def test_reproduce_refuses_a_malformed_set(tmp_path):
     p = _run("reproduce", "--dataset", "synth-en", "--profile", "smoke", "--out", str(tmp_path / "run"), "--set", "n_boot")
     assert p.returncode == 2 and "--set 'n_boot': expected KEY=VALUE" in p.stderr
     assert not (tmp_path / "run").exists()   # nothing ran
+
+
+def test_python_m_is_the_console_script(tmp_path):
+    """`python -m triage_cf.cli` (tests/_smoke_runs.py's fallback) runs `main` as the console script does, exit code
+    included: the module's `__main__` guard fires there, and only there (not when its notebook runs)."""
+    def run_m(*args):
+        return subprocess.run([sys.executable, "-m", "triage_cf.cli", *args], capture_output=True, text=True)
+    p = run_m("fetch", "--dataset", "mimic-iv-ed", "--data-root", str(tmp_path / "data"))
+    assert p.returncode == 3 and "credentialed" in p.stderr and p.stdout == ""
+    p, q = run_m("fetch", "--dataset", "synth-fr", "--data-root", str(tmp_path / "data")), \
+        _run("fetch", "--dataset", "synth-fr", "--data-root", str(tmp_path / "data"))
+    assert p.returncode == q.returncode == 0 and p.stdout == q.stdout and "nothing to fetch" in p.stdout
+    assert not (tmp_path / "data").exists()
+
+
+def test_subcommand_help_and_descriptions():
+    "Each part's commands have their help; `probe-margins --help` carries its description (PROBE_MARGINS_DESCRIPTION)."
+    from triage_cf.margins.cli import PROBE_MARGINS_DESCRIPTION
+    p = _run("probe-margins", "--help")
+    assert p.returncode == 0
+    assert "OPENAI_API_KEY" in p.stdout and "pm_backend" in p.stdout and "--base-url BASE_URL" in p.stdout
+    assert PROBE_MARGINS_DESCRIPTION.startswith("`triage-cf probe-margins --dataset NAME --out DIR` runs the chain")
+    for cmd, option in (("fetch", "--base-url"), ("swap-text", "--method {rules,llm}"), ("plan", "--detect POINTS"),
+                        ("triager", "--probe-run"), ("word-association", "--n-boot")):
+        p = _run(cmd, "--help")
+        assert p.returncode == 0 and option in p.stdout, (cmd, p.stdout)
