@@ -92,8 +92,9 @@ def main(argv=None):
     # 1. LoRA training throughput (also teaches the model the label tokens)
     model, tok = E.load_causal_lm(path, dtype=fast_dtype, device=device)
     train_prompts = E.render_prompts(train, tok, LEVELS, "en")
-    res = E.train_emulator(model, tok, train_prompts, train.triage_level, LEVELS, work / "train", epochs=a.epochs, batch_size=4,
-                           lr=2e-3, val_frac=0.0, patience=a.epochs, seed=a.seed, resume=False)
+    res = E.train_emulator(model, tok, train_prompts, train.triage_level, LEVELS, work / "train",
+                           E.TrainSettings(epochs=a.epochs, batch_size=4, lr=2e-3, val_frac=0.0, patience=a.epochs,
+                                           seed=a.seed), resume=False)
     E.save_emulator(res.model, tok, work / "emu", LEVELS, base_model=path)
     h = {k: (sum(r[k] for r in res.history) if k in ("train_tokens", "seconds") else res.history[-1][k])
          for k in ("train_tokens", "seconds", "train_loss")}

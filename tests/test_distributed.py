@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ pytest.importorskip("accelerate")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from triage_cf.audit.emulator import train_emulator  # noqa: E402
+from triage_cf.audit.emulator import TrainSettings, train_emulator  # noqa: E402
 from triage_cf.audit.ft_launch import launch, launch_command  # noqa: E402
 from triage_cf.llm import load_causal_lm, tiny_causal_lm, tiny_tokenizer  # noqa: E402
 
@@ -38,7 +39,8 @@ def setup(tmp_path_factory):
 
 def _job(d, prompts, labels, out, epochs, prompts_file="prompts.json"):
     return dict(base=str(d / "base"), prompts=str(d / prompts_file), labels=labels, levels=LEVELS, out_dir=str(out),
-                cpu=True, train=dict(epochs=epochs, batch_size=8, lr=5e-3, lora=False, seed=0, patience=epochs))
+                cpu=True, train=asdict(TrainSettings(epochs=epochs, batch_size=8, lr=5e-3, lora=False, seed=0,
+                                                     patience=epochs)))
 
 
 def _weights(model):
@@ -48,8 +50,8 @@ def _weights(model):
 def test_two_processes_take_the_single_process_steps(setup):
     d, prompts, labels = setup
     model, tok = load_causal_lm(d / "base")
-    one = train_emulator(model, tok, prompts, labels, LEVELS, d / "one", epochs=2, batch_size=8, lr=5e-3, lora=False,
-                         seed=0, patience=2)
+    one = train_emulator(model, tok, prompts, labels, LEVELS, d / "one",
+                         TrainSettings(epochs=2, batch_size=8, lr=5e-3, lora=False, seed=0, patience=2))
     two = launch(_job(d, prompts, labels, d / "two", 2), d / "job-two", num_processes=2, timeout=600)
     assert two["num_processes"] == 2
     assert len(two["step_losses"]) == len(one.step_losses) > 8

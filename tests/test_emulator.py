@@ -66,7 +66,7 @@ def trained(tok, tmp_path_factory):
     prompts = E.render_prompts(recs, tok, LEVELS, "en")
     model = E.tiny_causal_lm("llama", tok, seed=0)
     res = E.train_emulator(model, tok, prompts, recs.triage_level, LEVELS, tmp_path_factory.mktemp("train"),
-                           epochs=3, batch_size=8, lr=5e-3, seed=0, patience=2)
+                           E.TrainSettings(epochs=3, batch_size=8, lr=5e-3, seed=0, patience=2))
     return res
 
 
@@ -125,8 +125,8 @@ def test_tiny_model_learns(trained):
 def test_resume_gives_identical_weights(tok, tmp_path):
     recs = canonical_records(40, seed=5)
     prompts = E.render_prompts(recs, tok, LEVELS, "en")
-    kw = dict(epochs=2, batch_size=8, lr=3e-3, seed=1, patience=3)
-    full = E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts, recs.triage_level, LEVELS, tmp_path / "a", **kw)
+    s = E.TrainSettings(epochs=2, batch_size=8, lr=3e-3, seed=1, patience=3)
+    full = E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts, recs.triage_level, LEVELS, tmp_path / "a", s)
 
     class Killed(Exception):
         pass
@@ -136,16 +136,16 @@ def test_resume_gives_identical_weights(tok, tmp_path):
             raise Killed()
     with pytest.raises(Killed):
         E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts, recs.triage_level, LEVELS, tmp_path / "b",
-                         callback=kill_after_first, **kw)
+                         s, callback=kill_after_first)
     assert json.loads((tmp_path / "b" / "checkpoints" / "LATEST.json").read_text()) == {"checkpoint": "epoch-001"}
-    resumed = E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts, recs.triage_level, LEVELS, tmp_path / "b", **kw)
+    resumed = E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts, recs.triage_level, LEVELS, tmp_path / "b", s)
     a, b = E.trainable_state(full.model), E.trainable_state(resumed.model)
     assert a.keys() == b.keys() and len(a) > 0
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["train_loss"] for r in full.history] == [r["train_loss"] for r in resumed.history]
     with pytest.raises(ValueError, match="other settings or data"):
         E.train_emulator(E.tiny_causal_lm("llama", tok, seed=0), tok, prompts[::-1], recs.triage_level, LEVELS,
-                         tmp_path / "b", **kw)
+                         tmp_path / "b", s)
 
 
 def test_fast_path_equals_reference_pipeline(trained, tok, tmp_path):
@@ -171,7 +171,8 @@ def test_every_family_runs(corpus, tmp_path):
         model = E.tiny_causal_lm(family, t, seed=0)
         assert E.lora_target_modules(model) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         prompts = E.render_prompts(recs, t, LEVELS, "en")
-        res = E.train_emulator(model, t, prompts, recs.triage_level, LEVELS, tmp_path / family, epochs=1, batch_size=8)
+        res = E.train_emulator(model, t, prompts, recs.triage_level, LEVELS, tmp_path / family,
+                               E.TrainSettings(epochs=1, batch_size=8))
         assert np.isfinite(res.history[0]["train_loss"])
         base_path = tmp_path / f"{family}-base"
         E.tiny_causal_lm(family, t, seed=0).save_pretrained(base_path)

@@ -22,7 +22,8 @@ import pandas as pd
 import seaborn as sns
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.metrics import accuracy_score, cohen_kappa_score, confusion_matrix, make_scorer, precision_recall_fscore_support
+from sklearn.metrics import (accuracy_score, cohen_kappa_score, confusion_matrix, make_scorer,
+                             precision_recall_fscore_support)
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, train_test_split
 from sklearn.neural_network import MLPClassifier
 from sklearn.pipeline import Pipeline
@@ -333,6 +334,64 @@ def _pool(h, mask, pooling: str, normalize: bool):
     return torch.nn.functional.normalize(e, p=2, dim=-1) if normalize else e
 
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #19aa97ae
+def _encoder_key(weights: Sequence[Path], pooling: str, normalize: bool, max_length: int) -> str:
+    "Name of an encoder's cache folder: the hash of its weights, pooling, normalisation and maximum length."
+    ident = [file_sha256(w) for w in weights]
+    return sha256_text(json.dumps([ident, pooling, normalize, max_length]))[:16]
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #9e176728
+def _safetensors_parameters(weights: Sequence[Path]) -> int:
+    "Number of parameters in safetensors files, read from their headers (without loading them)."
+    from safetensors import safe_open
+    n = 0
+    for w in weights:
+        with safe_open(str(w), "np") as f:
+            n += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return int(n)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #13c3e6a1
+def _read_shards(cache_dir: Path | None) -> dict:
+    "{sha256 of a text: its embedding} from every shard of the cache folder `cache_dir` (empty without one)."
+    out = {}
+    if cache_dir is not None and cache_dir.exists():
+        for f in sorted(cache_dir.glob("shard-*.npz")):
+            with np.load(f, allow_pickle=False) as z:
+                out.update(zip(z["keys"].tolist(), z["emb"]))
+    return out
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b6b86474
+def _write_shard(cache_dir: Path, keys: list[str], emb: np.ndarray) -> None:
+    "Add the embeddings `emb` of the texts whose sha256 are `keys` to the cache as one shard (atomic write)."
+    buf = io.BytesIO()
+    np.savez(buf, keys=np.asarray(keys, dtype="U64"), emb=emb)
+    atomic_write_bytes(cache_dir / f"shard-{sha256_text(''.join(keys))[:16]}.npz", buf.getvalue())
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #4d9016aa
+def _embed(model, tok, texts: list[str], batch_size: int, max_length: int, device: str, pooling: str,
+           normalize: bool) -> np.ndarray:
+    "(n, d) float32 sentence embeddings of `texts` by the encoder `model`, in batches of texts of similar length."
+    import torch
+    order = np.argsort([len(t) for t in texts], kind="stable")
+    out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
+    with torch.inference_mode():
+        for s in range(0, len(texts), batch_size):
+            b = order[s:s + batch_size]
+            enc = tok([texts[i] for i in b], padding=True, truncation=True, max_length=max_length,
+                      return_tensors="pt").to(device)
+            out[b] = _pool(model(**enc).last_hidden_state.float(), enc["attention_mask"], pooling,
+                           normalize).cpu().numpy()
+    return out
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #04521b4e
+def _load_encoder(path: Path):
+    "(model in eval mode, tokenizer) of the encoder folder `path` (safetensors, local files only, quietly)."
+    from transformers import AutoModel, AutoTokenizer
+    with _quiet_hf():
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, use_safetensors=True, local_files_only=True).eval()
+    return model, tok
+
 # %% ../../nbs/1_audit/03_baselines.ipynb #c2194ab6
 class SentenceEncoder:
     "Frozen sentence embeddings from a local encoder folder (default all-MiniLM-L6-v2), cached by text hash."
@@ -345,8 +404,7 @@ class SentenceEncoder:
             raise FileNotFoundError(f"encoder folder {self.path} has no *.safetensors weights (safetensors only)")
         self.weights, self.max_length, self.batch_size, self.device = weights, int(max_length), int(batch_size), device
         self.pooling, self.normalize = _pooling(self.path)
-        ident = [file_sha256(w) for w in weights]
-        self.key = sha256_text(json.dumps([ident, self.pooling, self.normalize, self.max_length]))[:16]
+        self.key = _encoder_key(weights, self.pooling, self.normalize, self.max_length)
         self.cache_dir = Path(cache_dir) / self.key if cache_dir else None
         self._model = self._tok = None
         self.n_computed = self.n_cached = 0  # of the last `encode` call
@@ -354,61 +412,31 @@ class SentenceEncoder:
     @property
     def n_parameters(self) -> int:
         "Parameters of the encoder, read from its safetensors headers (without loading it)."
-        from safetensors import safe_open
-        n = 0
-        for w in self.weights:
-            with safe_open(str(w), "np") as f:
-                n += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-        return int(n)
+        return _safetensors_parameters(self.weights)
 
     def _load(self):
         if self._model is None:
             import torch
-            from transformers import AutoModel, AutoTokenizer
-            with _quiet_hf():
-                self._tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-                self._model = AutoModel.from_pretrained(self.path, use_safetensors=True, local_files_only=True).eval()
+            self._model, self._tok = _load_encoder(self.path)
             self.device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
             self._model.to(self.device)
         return self._model, self._tok
-
-    def _read_cache(self) -> dict:
-        out = {}
-        if self.cache_dir is not None and self.cache_dir.exists():
-            for f in sorted(self.cache_dir.glob("shard-*.npz")):
-                with np.load(f, allow_pickle=False) as z:
-                    out.update(zip(z["keys"].tolist(), z["emb"]))
-        return out
-
-    def _compute(self, texts: list[str]) -> np.ndarray:
-        import torch
-        model, tok = self._load()
-        order = np.argsort([len(t) for t in texts], kind="stable")
-        out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
-        with torch.inference_mode():
-            for s in range(0, len(texts), self.batch_size):
-                b = order[s:s + self.batch_size]
-                enc = tok([texts[i] for i in b], padding=True, truncation=True, max_length=self.max_length,
-                          return_tensors="pt").to(self.device)
-                out[b] = _pool(model(**enc).last_hidden_state.float(), enc["attention_mask"], self.pooling,
-                               self.normalize).cpu().numpy()
-        return out
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         "(n, d) float32 embeddings of `texts` (cache hits are read, the rest computed and added to the cache)."
         texts = [str(t) for t in texts]
         keys = [sha256_text(t) for t in texts]
-        cache = self._read_cache()
+        cache = _read_shards(self.cache_dir)
         todo = list(dict.fromkeys(k for k in keys if k not in cache))
         if todo:
             first = {k: t for k, t in zip(keys, texts)}
             with torch_threads(self.threads):
-                new = self._compute([first[k] for k in todo])
+                model, tok = self._load()   # sets the device
+                new = _embed(model, tok, [first[k] for k in todo], self.batch_size, self.max_length, self.device,
+                             self.pooling, self.normalize)
             cache.update(zip(todo, new))
             if self.cache_dir is not None:
-                buf = io.BytesIO()
-                np.savez(buf, keys=np.asarray(todo, dtype="U64"), emb=new)
-                atomic_write_bytes(self.cache_dir / f"shard-{sha256_text(''.join(todo))[:16]}.npz", buf.getvalue())
+                _write_shard(self.cache_dir, todo, new)
         new_keys = set(todo)
         self.n_computed, self.n_cached = len(todo), sum(k not in new_keys for k in keys)
         return np.stack([cache[k] for k in keys]).astype(np.float32) if keys else np.zeros((0, 0), np.float32)
@@ -586,11 +614,43 @@ def _proba(model, seqs: Sequence[Sequence[int]], pad_id: int, batch_size: int) -
     model.train(was)
     return out
 
+# %% ../../nbs/1_audit/03_baselines.ipynb #58aa1d16
+def _fs_split(pos: np.ndarray, val_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    "Rows of the FS training and validation texts (the validation rows stratified by level when `_stratify_ok`)."
+    idx = np.arange(len(pos))
+    n_val = math.ceil(val_frac * len(idx)) if val_frac > 0 else 0
+    strat = pos if n_val and _stratify_ok(pos, n_val) else None
+    return train_test_split(idx, test_size=n_val, random_state=seed, stratify=strat) if n_val else (idx, idx[:0])
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #f0356d12
+def _fs_train_epoch(model, opt, sched, seqs: Sequence[Sequence[int]], tr: np.ndarray, pos: np.ndarray,
+                    pad_id: int, batch_size: int, seed: int, epoch: int, progress: bool) -> float:
+    "One epoch of FS fine-tuning over the rows `tr` (the batches of `_fs_batches`); the mean training loss."
+    import torch
+    model.train()
+    dev, tot = model.device, 0.0
+    for b in tqdm(_fs_batches([len(seqs[i]) for i in tr], batch_size, seed, epoch),
+                  desc=f"FS epoch {epoch}", disable=not progress):
+        ids = tr[b]
+        loss = model(**_pad([seqs[i] for i in ids], pad_id, dev), labels=torch.as_tensor(pos[ids], device=dev)).loss
+        loss.backward(); opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        tot += float(loss.detach()) * len(ids)
+    return tot / len(tr)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #ef967bfc
+def _fs_validate(model, seqs: Sequence[Sequence[int]], va: np.ndarray, pos: np.ndarray, pad_id: int,
+                 batch_size: int) -> dict:
+    "`val_loss` (mean NLL) and `val_accuracy` of the FS classifier on the rows `va` (nothing without them)."
+    if not len(va):
+        return {}
+    p = _proba(model, [seqs[i] for i in va], pad_id, 2 * batch_size)
+    return dict(val_loss=float(-np.mean(np.log(np.clip(p[np.arange(len(va)), pos[va]], 1e-12, None)))),
+                val_accuracy=float(np.mean(p.argmax(1) == pos[va])))
+
 # %% ../../nbs/1_audit/03_baselines.ipynb #147e5456
 def finetune_fs(mlm_model, tokenizer, texts: Sequence[str], labels: Sequence[int], levels: Sequence[int],
                 settings: Mapping | str | None = None, seed: int = 42, progress: bool = False):
     "(classifier from the MLM encoder fine-tuned on `labels`, report); best validation-loss epoch, early stopping."
-    import torch
     s = fs_settings(settings)
     levels = [int(l) for l in levels]
     y = _check_labels(labels, levels, "FS training labels")
@@ -599,31 +659,18 @@ def finetune_fs(mlm_model, tokenizer, texts: Sequence[str], labels: Sequence[int
         raise ValueError(f"{len(texts)} texts but {len(y)} labels")
     seed_everything(seed)
     model = fs_classifier_from_mlm(mlm_model, levels)
-    dev = model.device
     pos = np.asarray([levels.index(v) for v in y])
     seqs, n_trunc = _encode(tokenizer, texts, s["max_length"])
-    idx = np.arange(len(seqs))
-    n_val = math.ceil(s["val_frac"] * len(idx)) if s["val_frac"] > 0 else 0
-    strat = pos if n_val and _stratify_ok(pos, n_val) else None
-    tr, va = train_test_split(idx, test_size=n_val, random_state=seed, stratify=strat) if n_val else (idx, idx[:0])
+    tr, va = _fs_split(pos, s["val_frac"], seed)
     steps = s["epochs"] * math.ceil(len(tr) / s["batch_size"])
     opt, sched = _optimizer(model, s["lr"], s["weight_decay"], s["warmup_frac"], steps)
     pad_id = tokenizer.pad_token_id
     history, best, best_epoch, best_state, bad = [], float("inf"), 0, None, 0
     for epoch in range(1, s["epochs"] + 1):
-        model.train()
-        t0, tot = time.perf_counter(), 0.0
-        for b in tqdm(_fs_batches([len(seqs[i]) for i in tr], s["batch_size"], seed, epoch),
-                      desc=f"FS epoch {epoch}", disable=not progress):
-            ids = tr[b]
-            loss = model(**_pad([seqs[i] for i in ids], pad_id, dev), labels=torch.as_tensor(pos[ids], device=dev)).loss
-            loss.backward(); opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-            tot += float(loss.detach()) * len(ids)
-        rec = dict(epoch=epoch, train_loss=tot / len(tr), seconds=time.perf_counter() - t0)
-        if len(va):
-            p = _proba(model, [seqs[i] for i in va], pad_id, 2 * s["batch_size"])
-            rec["val_loss"] = float(-np.mean(np.log(np.clip(p[np.arange(len(va)), pos[va]], 1e-12, None))))
-            rec["val_accuracy"] = float(np.mean(p.argmax(1) == pos[va]))
+        t0 = time.perf_counter()
+        loss = _fs_train_epoch(model, opt, sched, seqs, tr, pos, pad_id, s["batch_size"], seed, epoch, progress)
+        rec = dict(epoch=epoch, train_loss=loss, seconds=time.perf_counter() - t0)
+        rec.update(_fs_validate(model, seqs, va, pos, pad_id, s["batch_size"]))
         history.append(rec)
         score = rec.get("val_loss", rec["train_loss"])
         if score < best - 1e-4:

@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,7 +22,8 @@ import pandas as pd
 from sklearn.model_selection import train_test_split
 from tqdm.auto import tqdm
 
-from ..core import TEXT_COLUMNS, VIEWS, atomic_write_text, is_missing, read_parquet, seed_everything, sha256_file, sha256_text, write_json, write_parquet
+from ..core import (TEXT_COLUMNS, VIEWS, atomic_write_text, is_missing, read_parquet, seed_everything,
+                            sha256_file, sha256_text, write_json, write_parquet)
 from ..llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClient, accepts_logits_to_keep,
                            answer_logits, answer_nll, base_model_of, bf16_pays, cache_dir, collate_left,
                            convert_smollm2,
@@ -35,10 +36,11 @@ from ..llm import (CHATML_TEMPLATE, NO_SYSTEM_TEMPLATE, SMOLLM2_NAME, LocalClien
 # %% auto #0
 __all__ = ['SYSTEM_PROMPTS', 'TAB_FIELDS', 'FIELD_NAMES', 'SEX_WORDS', 'YES_NO', 'NO_TEXT', 'ANSWER_CUE', 'LORA_TARGETS',
            'HISTORY_KEYS', 'WEIGHT_SUFFIXES', 'system_instruction', 'format_value', 'render_patient', 'chat_prompt',
-           'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora', 'stratified_subsample', 'TrainResult',
-           'trainable_state', 'load_trainable', 'epoch_batches', 'train_emulator', 'weights_sha256', 'save_emulator',
-           'load_emulator', 'FineTuneSettings', 'fine_tune', 'export_merged', 'emulator_client', 'predict_proba',
-           'proba_frame', 'predict_views', 'reference_predict', 'parse_level']
+           'prompt_fields', 'render_prompts', 'lora_target_modules', 'add_lora', 'stratified_subsample',
+           'TrainSettings', 'TrainResult', 'TrainState', 'trainable_state', 'load_trainable', 'epoch_batches',
+           'train_emulator', 'weights_sha256', 'save_emulator', 'load_emulator', 'FineTuneSettings', 'fine_tune',
+           'export_merged', 'emulator_client', 'predict_proba', 'proba_frame', 'predict_views', 'reference_predict',
+           'parse_level']
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #067cb16e
 SYSTEM_PROMPTS = {
@@ -243,6 +245,30 @@ def stratified_subsample(df: pd.DataFrame, n: int | None, column: str | Sequence
 HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "val_acc", "seconds", "train_tokens", "tokens_per_s")
 _CHECKPOINT_FILES = ("state.json", "trainable.safetensors", "trainer_state.pt")
 
+# %% ../../nbs/1_audit/02_emulator.ipynb #a2ffa1fd
+@dataclass(frozen=True)
+class TrainSettings:
+    """The hyper-parameters of `train_emulator` (see above): epochs, batch size and gradient accumulation, AdamW's
+    learning rate and weight decay with a linear warm-up over `warmup_frac` of the steps, the held-out `val_frac` and
+    early stopping (`patience`, `min_delta`), LoRA (`lora=False` trains every weight), the prompt cap `max_length` and
+    the `seed` of the split, the batch order and dropout."""
+    epochs: int = 5
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.03
+    val_frac: float = 0.1
+    patience: int = 1
+    min_delta: float = 1e-3
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.1
+    gradient_checkpointing: bool = False
+    max_length: int | None = None
+    seed: int = 42
+
 # %% ../../nbs/1_audit/02_emulator.ipynb #71ea9c23
 @dataclass
 class TrainResult:
@@ -254,6 +280,19 @@ class TrainResult:
     out_dir: Path
     n_truncated: int = 0
     step_losses: list = None
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #c46a1f3e
+@dataclass
+class TrainState:
+    """Where a fine-tune stands after epoch `epoch` (0: none yet), what a checkpoint holds and a resumed call restores:
+    the `history`, the best epoch and its score `best_val` (validation loss, or training loss without a validation
+    set), the epochs since the score last improved, and whether training is over."""
+    epoch: int = 0
+    history: list[dict] = field(default_factory=list)
+    best_epoch: int = 0
+    best_val: float = float("inf")
+    bad_epochs: int = 0
+    finished: bool = False
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #a52af769
 def _unwrap(model):
@@ -338,18 +377,19 @@ def _find_checkpoint(ck_root: Path, config: dict, resume: bool) -> Path | None:
     return ck
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #6412831a
-def _save_checkpoint(ck_root: Path, epoch: int, model, opt, sched, state: dict) -> None:
-    "Write epoch `epoch`'s checkpoint through a temporary folder renamed into place, then the LATEST pointer (atomic)."
+def _save_checkpoint(ck_root: Path, model, opt, sched, state: TrainState, config: dict) -> None:
+    """Write the checkpoint of `state.epoch` (weights, optimizer, scheduler, RNGs, `state` and the `config` it was made
+    with) through a temporary folder renamed into place, then the LATEST pointer (atomic)."""
     import torch
     from safetensors.torch import save_file
-    name = f"epoch-{epoch:03d}"
+    name = f"epoch-{state.epoch:03d}"
     tmp = ck_root / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
     save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
     torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                 tmp / "trainer_state.pt")
-    write_json(tmp / "state.json", dict(epoch=epoch, **state))
+    write_json(tmp / "state.json", dict(asdict(state), config=config))
     shutil.rmtree(ck_root / name, ignore_errors=True)
     os.replace(tmp, ck_root / name)
     write_json(ck_root / "LATEST.json", {"checkpoint": name})
@@ -392,9 +432,8 @@ def _train_epoch(model, opt, sched, seqs, pos, label_ids, pad_id, batch_size, gr
                 tokens_per_s=tokens / secs if secs > 0 else float("nan"))
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #93940e5b
-def _restore(ck: Path, model, opt, sched) -> tuple[list[dict], int, int, float, int, bool]:
-    """Load checkpoint `ck` into `model`, `opt`, `sched` and the RNGs: (history, next epoch, best epoch, best score,
-    epochs without gain, finished)."""
+def _restore(ck: Path, model, opt, sched) -> TrainState:
+    "Load checkpoint `ck` into `model`, `opt`, `sched` and the RNGs; returns its `TrainState`."
     import torch
     from safetensors.torch import load_file
     state = json.loads((ck / "state.json").read_text())
@@ -405,94 +444,143 @@ def _restore(ck: Path, model, opt, sched) -> tuple[list[dict], int, int, float, 
         torch.cuda.set_rng_state_all(ts["cuda_rng"])
     # state.json holds its keys sorted: a resumed fine-tune returns its history in a fresh run's column order
     history = [{k: r[k] for k in HISTORY_KEYS} for r in state["history"]]
-    return history, state["epoch"] + 1, state["best_epoch"], state["best_val"], state["bad_epochs"], state["finished"]
+    return TrainState(state["epoch"], history, state["best_epoch"], state["best_val"], state["bad_epochs"],
+                      state["finished"])
 
-
-# %% ../../nbs/1_audit/02_emulator.ipynb #fa806543
-def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int],
-                   out_dir: str | Path,
-                   epochs: int = 5, batch_size: int = 8, grad_accum: int = 1, lr: float = 2e-4,
-                   weight_decay: float = 0.0,
-                   warmup_frac: float = 0.03, val_frac: float = 0.1, patience: int = 1, min_delta: float = 1e-3,
-                   lora: bool = True, lora_r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.1,
-                   gradient_checkpointing: bool = False, max_length: int | None = None, seed: int = 42,
-                   resume: bool = True, callback: Callable[[dict], None] | None = None, progress: bool = False,
-                   accelerator=None) -> TrainResult:
-    "Fine-tune `model` so that $p_\\theta(t_y\\mid x_p)$ fits the nurses' levels `labels` (section 2.1); see above."
-    import torch
-    from safetensors.torch import load_file
-    from transformers import get_linear_schedule_with_warmup
+# %% ../../nbs/1_audit/02_emulator.ipynb #d3e5e113
+def _checked_labels(prompts: Sequence[str], labels: Sequence[int],
+                    levels: Sequence[int]) -> tuple[list[int], list[int]]:
+    "(levels, labels) as ints; an error when there are not as many labels as prompts or a label is not a level."
     levels, labels = [int(l) for l in levels], [int(y) for y in labels]
     if len(prompts) != len(labels):
         raise ValueError(f"{len(prompts)} prompts but {len(labels)} labels")
     bad = sorted({y for y in labels if y not in levels})
     if bad:
         raise ValueError(f"labels {bad} ({sum(y in bad for y in labels)} records) are not among the levels {levels}")
-    ck_root = Path(out_dir) / "checkpoints"
-    label_ids, pad_id = label_token_ids(tokenizer, levels), tokenizer_pad_id(tokenizer)
-    config = dict(epochs=epochs, batch_size=batch_size, grad_accum=grad_accum, lr=lr, weight_decay=weight_decay,
-                  warmup_frac=warmup_frac, val_frac=val_frac, patience=patience, min_delta=min_delta, lora=lora,
-                  lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, max_length=max_length, seed=seed,
-                  levels=levels, label_ids=label_ids,
-                  data_sha256=sha256_text(json.dumps([list(prompts), labels], ensure_ascii=False)))
-    seed_everything(seed)
-    if lora and not hasattr(model, "peft_config"):
-        model = add_lora(model, lora_r, lora_alpha, lora_dropout, gradient_checkpointing)
-    elif not lora:
+    return levels, labels
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #2817a459
+def _train_config(s: TrainSettings, levels: list[int], label_ids: list[int], prompts: Sequence[str],
+                  labels: list[int]) -> dict:
+    """What a checkpoint must have been made with to be resumed: the settings (all but `gradient_checkpointing`, a
+    memory setting), the levels and their tokens, and the hash of the data."""
+    config = {k: v for k, v in asdict(s).items() if k != "gradient_checkpointing"}
+    return dict(config, levels=levels, label_ids=label_ids,
+                data_sha256=sha256_text(json.dumps([list(prompts), labels], ensure_ascii=False)))
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #c030faf4
+def _trainable_model(model, s: TrainSettings):
+    "`model` with LoRA adapters (`s.lora`, unless it has them already), or with every weight trainable (`lora=False`)."
+    if s.lora and not hasattr(model, "peft_config"):
+        return add_lora(model, s.lora_r, s.lora_alpha, s.lora_dropout, s.gradient_checkpointing)
+    if not s.lora:
         for p in model.parameters():
             p.requires_grad_(True)
-    seqs, n_trunc = encode_prompts(tokenizer, prompts, max_length)
-    pos = [levels.index(y) for y in labels]
-    tr_idx, va_idx = _train_val_split(pos, val_frac, seed)
-    tr_seqs, tr_pos = [seqs[i] for i in tr_idx], [pos[i] for i in tr_idx]
-    va_seqs, va_pos = [seqs[i] for i in va_idx], [pos[i] for i in va_idx]
-    steps_per_epoch = math.ceil(math.ceil(len(tr_seqs) / batch_size) / grad_accum)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    sched = get_linear_schedule_with_warmup(opt, int(warmup_frac * steps_per_epoch * epochs), steps_per_epoch * epochs)
+    return model
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #868a2c50
+def _split_prompts(seqs: list, pos: list[int], s: TrainSettings) -> tuple[tuple[list, list], tuple[list, list]]:
+    "((training sequences, their level positions), (validation sequences, theirs)), split by `_train_val_split`."
+    tr_idx, va_idx = _train_val_split(pos, s.val_frac, s.seed)
+    return ([seqs[i] for i in tr_idx], [pos[i] for i in tr_idx]), ([seqs[i] for i in va_idx], [pos[i] for i in va_idx])
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #c77c574d
+def _optimizer_schedule(model, s: TrainSettings, n_train: int):
+    "AdamW over the trainable weights, and its schedule: linear warm-up over `warmup_frac` of the steps, then decay."
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+    steps_per_epoch = math.ceil(math.ceil(n_train / s.batch_size) / s.grad_accum)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=s.lr, weight_decay=s.weight_decay)
+    return opt, get_linear_schedule_with_warmup(opt, int(s.warmup_frac * steps_per_epoch * s.epochs),
+                                                steps_per_epoch * s.epochs)
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #ef1ee4c7
+def _start_state(ck_root: Path, config: dict, resume: bool, model, opt, sched, accelerator) -> TrainState:
+    """The state to start from: the last complete checkpoint made with `config`, restored into `model`, `opt`, `sched`
+    and the RNGs; else a fresh one (and the main process clears the checkpoint folder)."""
     ck = _find_checkpoint(ck_root, config, resume)
     if ck is not None:
-        history, start, best_epoch, best_val, bad_epochs, finished = _restore(ck, model, opt, sched)
+        return _restore(ck, model, opt, sched)
+    if ck_root.exists() and (accelerator is None or accelerator.is_main_process):
+        shutil.rmtree(ck_root)
+    return TrainState()
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #11c3b112
+def _epoch_record(model, opt, sched, train: tuple[list, list], val: tuple[list, list], label_ids: list[int],
+                  pad_id: int, s: TrainSettings, epoch: int, progress: bool, accelerator, step_losses: list) -> dict:
+    "Epoch `epoch`'s history record (`HISTORY_KEYS`): one pass over the `train` prompts, then the `val` metrics."
+    rec = _train_epoch(model, opt, sched, *train, label_ids, pad_id, s.batch_size, s.grad_accum, s.seed, epoch,
+                       progress, accelerator, step_losses)
+    val_loss, val_acc = (_evaluate(model, *val, label_ids, pad_id, s.batch_size) if val[0]
+                         else (float("nan"), float("nan")))
+    rec = dict(epoch=epoch, train_loss=rec["train_loss"], val_loss=val_loss, val_acc=val_acc, seconds=rec["seconds"],
+               train_tokens=rec["train_tokens"], tokens_per_s=rec["tokens_per_s"])
+    assert tuple(rec) == HISTORY_KEYS
+    return rec
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #60ff2b4e
+def _update_state(state: TrainState, rec: dict, has_val: bool, s: TrainSettings) -> None:
+    """Add epoch record `rec` to `state`: a new best epoch when its score (validation loss; training loss without a
+    validation set) beats the best by more than `min_delta`, else one more epoch without gain; training is over after
+    `patience` such epochs or the last epoch."""
+    state.history.append(rec)
+    score = rec["val_loss"] if has_val else rec["train_loss"]
+    if score < state.best_val - s.min_delta:
+        state.best_val, state.best_epoch, state.bad_epochs = score, rec["epoch"], 0
     else:
-        history, start, best_epoch, best_val, bad_epochs, finished = [], 1, 0, float("inf"), 0, False
-        if ck_root.exists() and (accelerator is None or accelerator.is_main_process):
-            shutil.rmtree(ck_root)
+        state.bad_epochs += 1
+    state.epoch = rec["epoch"]
+    state.finished = state.bad_epochs >= s.patience or state.epoch == s.epochs
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #426e6412
+def _best_result(model, state: TrainState, out_dir: Path, s: TrainSettings, n_trunc: int,
+                 step_losses: list[float]) -> TrainResult:
+    "The `TrainResult`: the model itself (unwrapped) with its best epoch's weights, in eval mode, and the run's record."
+    from safetensors.torch import load_file
+    model = _unwrap(model)
+    if state.best_epoch:
+        load_trainable(model, load_file(out_dir / "checkpoints" / f"epoch-{state.best_epoch:03d}" /
+                                        "trainable.safetensors"))
+    model.eval()
+    return TrainResult(model, state.history, state.best_epoch, len(state.history) < s.epochs, out_dir, n_trunc,
+                       step_losses)
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #fa806543
+def train_emulator(model, tokenizer, prompts: Sequence[str], labels: Sequence[int], levels: Sequence[int],
+                   out_dir: str | Path, settings: TrainSettings = TrainSettings(), resume: bool = True,
+                   callback: Callable[[dict], None] | None = None, progress: bool = False,
+                   accelerator=None) -> TrainResult:
+    """Fine-tune `model` with `settings` so that $p_\\theta(t_y\\mid x_p)$ fits the nurses' levels `labels` (section
+    2.1), checkpointed in `out_dir` (see above)."""
+    s, out_dir = settings, Path(out_dir)
+    ck_root = out_dir / "checkpoints"
+    levels, labels = _checked_labels(prompts, labels, levels)
+    label_ids, pad_id = label_token_ids(tokenizer, levels), tokenizer_pad_id(tokenizer)
+    config = _train_config(s, levels, label_ids, prompts, labels)
+    seed_everything(s.seed)
+    model = _trainable_model(model, s)
+    seqs, n_trunc = encode_prompts(tokenizer, prompts, s.max_length)
+    train, val = _split_prompts(seqs, [levels.index(y) for y in labels], s)
+    opt, sched = _optimizer_schedule(model, s, len(train[0]))
+    state = _start_state(ck_root, config, resume, model, opt, sched, accelerator)
     main = accelerator is None or accelerator.is_main_process
     if accelerator is not None:
         accelerator.wait_for_everyone()
         model, opt = accelerator.prepare(model, opt)
     step_losses: list[float] = []
-    for epoch in range(start, epochs + 1):
-        if finished:
+    for epoch in range(state.epoch + 1, s.epochs + 1):
+        if state.finished:
             break
-        rec = _train_epoch(model, opt, sched, tr_seqs, tr_pos, label_ids, pad_id, batch_size, grad_accum, seed, epoch,
-                           progress and main, accelerator, step_losses)
-        val_loss, val_acc = _evaluate(model, va_seqs, va_pos, label_ids, pad_id,
-                                      batch_size) if va_seqs else (float("nan"), float("nan"))
-        rec = dict(epoch=epoch, train_loss=rec["train_loss"], val_loss=val_loss, val_acc=val_acc,
-                   seconds=rec["seconds"],
-                   train_tokens=rec["train_tokens"], tokens_per_s=rec["tokens_per_s"])
-        assert tuple(rec) == HISTORY_KEYS
-        history.append(rec)
-        score = val_loss if va_seqs else rec["train_loss"]
-        if score < best_val - min_delta:
-            best_val, best_epoch, bad_epochs = score, epoch, 0
-        else:
-            bad_epochs += 1
-        finished = bad_epochs >= patience or epoch == epochs
+        rec = _epoch_record(model, opt, sched, train, val, label_ids, pad_id, s, epoch, progress and main,
+                            accelerator, step_losses)
+        _update_state(state, rec, bool(val[0]), s)
         if main:   # checkpoints are written by the main process only (they resume under any process count)
-            _save_checkpoint(ck_root, epoch, model, opt, sched,
-                             dict(history=history, best_epoch=best_epoch, best_val=best_val,
-                                                                   bad_epochs=bad_epochs, finished=finished,
-                                                                   config=config))
+            _save_checkpoint(ck_root, model, opt, sched, state, config)
         if accelerator is not None:
             accelerator.wait_for_everyone()
         if callback is not None:
             callback(rec)
-    model = _unwrap(model)
-    if best_epoch:
-        load_trainable(model, load_file(ck_root / f"epoch-{best_epoch:03d}" / "trainable.safetensors"))
-    model.eval()
-    return TrainResult(model, history, best_epoch, len(history) < epochs, Path(out_dir), n_trunc, step_losses)
+    return _best_result(model, state, out_dir, s, n_trunc, step_losses)
 
 # %% ../../nbs/1_audit/02_emulator.ipynb #34595b95
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
@@ -568,60 +656,83 @@ class FineTuneSettings:
     qlora: bool = False
     num_processes: int = 1
 
+    def train_settings(self, seed: int, lora: bool) -> TrainSettings:
+        "`train_emulator`'s settings for this fine-tune (the others at `TrainSettings`' defaults)."
+        return TrainSettings(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, patience=self.patience,
+                             max_length=self.max_length, seed=seed, lora=lora)
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #71f08620
+def _ft_model(train: pd.DataFrame, s: FineTuneSettings, levels: Sequence[int], lang: str, text_fields: Sequence[str],
+              fields: Sequence[str] | None, train_seed: int):
+    """(model, tokenizer, base folder, dtype) of `s.model`: `tiny-llama`, a random 2-layer Llama with a tokenizer
+    trained on the records (no base folder, no dtype), or a pretrained base (`smollm2` or a folder) to train with
+    LoRA."""
+    import torch
+    if s.model == "tiny-llama":
+        kw = {"fields": fields} if fields is not None else {}
+        corpus = [render_patient(r, "full", lang, text_fields=text_fields, **kw) for r in train.to_dict("records")]
+        corpus.append(system_instruction(levels, lang))
+        tokenizer = tiny_tokenizer(corpus, vocab_size=1024)
+        return tiny_causal_lm("llama", tokenizer, hidden_size=64, num_layers=2, seed=train_seed), tokenizer, None, None
+    base = default_model_path() if s.model == "smollm2" else Path(s.model)
+    dtype = ("bfloat16" if bf16_pays("cuda" if torch.cuda.is_available() else "cpu")
+             else None) if s.dtype == "auto" else s.dtype
+    model, tokenizer = load_causal_lm(base, dtype=dtype, device="cuda" if torch.cuda.is_available() and not s.qlora
+                                      else None,
+                                      load_in_4bit=s.qlora)
+    return model, tokenizer, base, dtype
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #08e79017
+def _ft_work(models_dir: Path, name: str, s: FineTuneSettings, train_seed: int, train: pd.DataFrame,
+             prompts: list[str]) -> Path:
+    "The configuration's own checkpoint folder `models_dir/ft_work/<key>` (see above)."
+    key = [str(s.model), s.epochs, s.batch_size, s.lr, s.max_length, s.patience, train_seed, str(s.dtype),
+           train["record_id"].tolist()]
+    if name != "ft":   # a null twin trains on the same record ids with other contents: its own checkpoints
+        key.append(sha256_text(json.dumps([name, prompts])))
+    return models_dir / "ft_work" / sha256_text(json.dumps(key))[:16]
+
+# %% ../../nbs/1_audit/02_emulator.ipynb #9187d5f2
+def _train_launched(launch: Callable, num_processes: int, model, tokenizer, base: Path | None, base_dir: Path, dtype,
+                    prompts: list[str], labels: list[int], levels: Sequence[int], work: Path,
+                    ts: TrainSettings) -> TrainResult:
+    """`train_emulator` with `ts` in `num_processes` processes run by `launch`, which read the base from `base` (saved
+    to `base_dir` first when the model has no folder) and the prompts from a file; its result loaded into `model`."""
+    from safetensors.torch import load_file
+    if base is None:
+        model.save_pretrained(base_dir); tokenizer.save_pretrained(base_dir)
+    (work / "launch").mkdir(parents=True, exist_ok=True)
+    (work / "launch" / "prompts.json").write_text(json.dumps(prompts))
+    out = launch(dict(base=str(base if base is not None else base_dir), prompts=str(work / "launch" / "prompts.json"),
+                      dtype=dtype if base is not None else None, labels=labels, levels=levels, out_dir=str(work),
+                      train=asdict(ts)), work / "launch", num_processes)
+    if base is not None:
+        model = add_lora(model, ts.lora_r, ts.lora_alpha, ts.lora_dropout)
+    load_trainable(model, load_file(out["weights"]))
+    result = TrainResult(model.eval(), out["history"], out["best_epoch"], out["stopped_early"], work,
+                         out["n_truncated"], out["step_losses"])
+    print(f"fine-tuned in {num_processes} processes (accelerate, DDP)")
+    return result
+
 # %% ../../nbs/1_audit/02_emulator.ipynb #6ac74476
 def fine_tune(train: pd.DataFrame, name: str, settings: FineTuneSettings, levels: Sequence[int], lang: str,
               text_fields: Sequence[str], models_dir: str | Path, train_seed: int, fields: Sequence[str] | None = None,
               launch: Callable | None = None, progress: bool = True):
     """Fine-tune `settings.model` on the records `train` with `train_seed` into `models_dir/<name>` (see above); returns
     (TrainResult, tokenizer, checkpoint folder). `launch` (`ft_launch.launch`) runs `settings.num_processes` > 1."""
-    import torch
     models_dir, s = Path(models_dir), settings
-    if s.model == "tiny-llama":
-        kw = {"fields": fields} if fields is not None else {}
-        corpus = [render_patient(r, "full", lang, text_fields=text_fields, **kw) for r in train.to_dict("records")]
-        corpus.append(system_instruction(levels, lang))
-        tokenizer = tiny_tokenizer(corpus, vocab_size=1024)
-        model = tiny_causal_lm("llama", tokenizer, hidden_size=64, num_layers=2, seed=train_seed)
-        base = dtype = None
-    else:
-        base = default_model_path() if s.model == "smollm2" else Path(s.model)
-        dtype = ("bfloat16" if bf16_pays("cuda" if torch.cuda.is_available() else "cpu")
-                 else None) if s.dtype == "auto" else s.dtype
-        model, tokenizer = load_causal_lm(base, dtype=dtype, device="cuda" if torch.cuda.is_available() and not s.qlora
-                                          else None,
-                                          load_in_4bit=s.qlora)
+    model, tokenizer, base, dtype = _ft_model(train, s, levels, lang, text_fields, fields, train_seed)
     prompts = render_prompts(train, tokenizer, levels, lang, "full", fields=fields, text_fields=text_fields)
-    key = [str(s.model), s.epochs, s.batch_size, s.lr, s.max_length, s.patience, train_seed, str(s.dtype),
-           train["record_id"].tolist()]
-    if name != "ft":   # a null twin trains on the same record ids with other contents: its own checkpoints
-        key.append(sha256_text(json.dumps([name, prompts])))
-    work = models_dir / "ft_work" / sha256_text(json.dumps(key))[:16]
+    work = _ft_work(models_dir, name, s, train_seed, train, prompts)
     labels = train["triage_level"].astype(int).tolist()
-    train_kw = dict(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, patience=s.patience, max_length=s.max_length,
-                    seed=train_seed, lora=(base is not None))
+    ts = s.train_settings(train_seed, lora=base is not None)
     if s.num_processes > 1:
         if launch is None:
             raise ValueError(f"num_processes={s.num_processes}: pass launch=triage_cf.audit.ft_launch.launch")
-        from safetensors.torch import load_file
-        base_dir = base
-        if base is None:   # the launched processes read the base from a folder and the prompts from a file
-            base_dir = models_dir / f"{name}_base"
-            model.save_pretrained(base_dir); tokenizer.save_pretrained(base_dir)
-        (work / "launch").mkdir(parents=True, exist_ok=True)
-        (work / "launch" / "prompts.json").write_text(json.dumps(prompts))
-        out = launch(dict(base=str(base_dir), prompts=str(work / "launch" / "prompts.json"), dtype=dtype
-                          if base is not None else None,
-                          labels=labels, levels=levels, out_dir=str(work), train=train_kw), work / "launch",
-                          s.num_processes)
-        if base is not None:
-            model = add_lora(model)
-        load_trainable(model, load_file(out["weights"]))
-        result = TrainResult(model.eval(), out["history"], out["best_epoch"], out["stopped_early"], work,
-                             out["n_truncated"],
-                             out["step_losses"])
-        print(f"fine-tuned in {s.num_processes} processes (accelerate, DDP)")
+        result = _train_launched(launch, s.num_processes, model, tokenizer, base, models_dir / f"{name}_base", dtype,
+                                 prompts, labels, levels, work, ts)
     else:
-        result = train_emulator(model, tokenizer, prompts, labels, levels, work, progress=progress, **train_kw)
+        result = train_emulator(model, tokenizer, prompts, labels, levels, work, ts, progress=progress)
     save_emulator(result.model, tokenizer, models_dir / name, levels, base_model=base,
                   extra={"ft_model": str(s.model), "n_train": len(train), "best_epoch": result.best_epoch,
                          "n_parameters": int(sum(p.numel() for p in result.model.parameters())),

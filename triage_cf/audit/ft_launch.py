@@ -11,9 +11,10 @@ an `Accelerator(cpu=True)`, which joins a gloo process group: several CPU proces
 `--cpu` flag starts a single process unless an MPI host file is given.)
 
 so that the papermill chain stays the entry point. Every process loads the base model folder, `train_emulator` runs
-under the `Accelerator` (DDP: each process takes its rows of every global batch, gradients are averaged), the main
-process alone writes the checkpoints (which resume under any process count) and, at the end, the trained weights and
-the history into the job's folder, where the stage reads them.
+with the job's `train` settings (the fields of `TrainSettings`) under the `Accelerator` (DDP: each process takes its
+rows of every global batch, gradients are averaged), the main process alone writes the checkpoints (which resume
+under any process count) and, at the end, the trained weights and the history into the job's folder, where the stage
+reads them.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 from ..core import write_json
-from .emulator import trainable_state, train_emulator
+from .emulator import TrainSettings, trainable_state, train_emulator
 from ..llm import load_causal_lm
 
 RESULT_WEIGHTS, RESULT_JSON = "trained.safetensors", "result.json"
@@ -47,7 +48,8 @@ def launch_command(job_path: str | Path, num_processes: int, cpu: bool, port: in
     return cmd + ["-m", "triage_cf.audit.ft_launch", str(job_path)]
 
 
-def launch(job: dict, work: str | Path, num_processes: int, cpu: bool | None = None, timeout: float | None = None) -> dict:
+def launch(job: dict, work: str | Path, num_processes: int, cpu: bool | None = None,
+           timeout: float | None = None) -> dict:
     """Write `job` to `work/job.json`, run it under `accelerate launch`, and return the main process's result record
     (history, best_epoch, stopped_early, n_truncated, step_losses) and the path of the trained weights."""
     import torch
@@ -75,12 +77,13 @@ def run(job_path: str | Path) -> None:
     model, tok = load_causal_lm(job["base"], dtype=job.get("dtype"),
                                 device=None if acc.device.type == "cpu" else str(acc.device))
     prompts = json.loads(Path(job["prompts"]).read_text())
-    res = train_emulator(model, tok, prompts, job["labels"], job["levels"], job["out_dir"], accelerator=acc, **job["train"])
+    res = train_emulator(model, tok, prompts, job["labels"], job["levels"], job["out_dir"],
+                         TrainSettings(**job["train"]), accelerator=acc)
     if acc.is_main_process:
         save_file(trainable_state(res.model), str(work / RESULT_WEIGHTS))
-        write_json(work / RESULT_JSON, dict(history=res.history, best_epoch=res.best_epoch, stopped_early=res.stopped_early,
-                                            n_truncated=res.n_truncated, step_losses=res.step_losses,
-                                            num_processes=acc.num_processes))
+        write_json(work / RESULT_JSON, dict(history=res.history, best_epoch=res.best_epoch,
+                                            stopped_early=res.stopped_early, n_truncated=res.n_truncated,
+                                            step_losses=res.step_losses, num_processes=acc.num_processes))
     acc.wait_for_everyone()
 
 

@@ -28,10 +28,12 @@ from ..cohort import apply_cohort
 from ..core import VIEWS, read_parquet, sha256_text, write_json, write_parquet
 from .counterfactuals import build_pairs
 from ..data import load_records
-from .emulator import render_patient, render_prompts, stratified_subsample, system_instruction, train_emulator
+from .emulator import (TrainSettings, render_patient, render_prompts, stratified_subsample,
+                                      system_instruction, train_emulator)
 from ..llm import LocalClient, bf16_pays, default_model_path, load_causal_lm, tiny_causal_lm, tiny_tokenizer
 from .metrics import METRICS, SIGNED_METRICS, point_metrics, table3
-from .predict import emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions
+from .predict import (
+    emulator_pair_predictions, oracle_pair_predictions, pairs_for_metrics, text_model_pair_predictions)
 from .split import stratified_split
 from ..synth import CUTPOINTS, DEFAULT_KNOBS, LEVELS, exact_counterfactual_pair, oracle_latent, oracle_proba
 
@@ -183,7 +185,8 @@ def coverage_table(table: pd.DataFrame, metrics: Sequence[str] = COVERAGE_METRIC
     "How often the CI covers 0 under the `none` condition, per model, view and metric (over its seeds)."
     t = table[(table["knob"] == "none") & table["metric"].isin(metrics)]
     if t.empty:
-        raise ValueError("coverage_table: no row of the `none` condition (scale 0) for the metrics " + ", ".join(metrics))
+        raise ValueError("coverage_table: no row of the `none` condition (scale 0) for the metrics "
+                         + ", ".join(metrics))
     g = t.groupby(_model_keys(t) + ["view", "metric"], sort=False)
     out = g.agg(n_seeds=("seed", "nunique"), n_covering=("covers_zero", lambda s: int(s.fillna(False).sum())),
                 n_undefined=("covers_zero", lambda s: int(s.isna().sum()))).reset_index()
@@ -266,6 +269,22 @@ def emulator_model(emulator: str) -> str:
     "The model's name in the tables: `MLP` for the sentence-embedding MLP, `FT` for the fine-tuned LLM."
     return "MLP" if emulator == MLP else "FT"
 
+# %% ../../nbs/1_audit/10_recovery.ipynb #0ea850d9
+def _emulator_names(emulators: str | Sequence) -> tuple[str, ...]:
+    "`emulators` (one name or several) as a tuple of distinct names, at most one of them an LLM; ValueError otherwise."
+    emus = tuple(str(e) for e in ([emulators] if isinstance(emulators, str) else emulators))
+    if not emus or len(set(emus)) != len(emus) or sum(e != MLP for e in emus) > 1:
+        raise ValueError("emulators must be distinct: at most one LLM (tiny-llama, smollm2 or a model folder) "
+                         f"and/or {MLP!r}, got {list(emus)}")
+    return emus
+
+# %% ../../nbs/1_audit/10_recovery.ipynb #69295fde
+def _key_fields(settings: RecoverySettings, emulator: str) -> dict:
+    """The settings that shape `emulator`'s result, with `pairs` as `emulator` scores them: all but the scoring batch
+    size, the list of emulators and the other kind of emulator's own settings."""
+    skip = {"predict_batch_size", "emulators", *(LLM_SETTINGS if emulator == MLP else MLP_SETTINGS)}
+    return {k: v for k, v in asdict(settings).items() if k not in skip} | {"pairs": settings.pairs_for(emulator)}
+
 # %% ../../nbs/1_audit/10_recovery.ipynb #aa31fbaa
 @dataclass(frozen=True)
 class RecoverySettings:
@@ -293,12 +312,7 @@ class RecoverySettings:
     mlp_pairs: int | None = None  # the MLP's pairs when not None (else `pairs`)
 
     def __post_init__(self):
-        emus = tuple(str(e) for e in ([self.emulators] if isinstance(self.emulators, str) else self.emulators))
-        if not emus or len(set(emus)) != len(emus) or sum(e != MLP for e in emus) > 1:
-            raise ValueError("emulators must be distinct: at most one LLM (tiny-llama, smollm2 or a model folder) "
-                             "and/or "
-                             f"{MLP!r}, got {list(emus)}")
-        object.__setattr__(self, "emulators", emus)
+        object.__setattr__(self, "emulators", _emulator_names(self.emulators))
 
     @property
     def lang(self) -> str:
@@ -317,8 +331,7 @@ class RecoverySettings:
         emulator = self.emulators[0] if emulator is None else emulator
         if emulator not in self.emulators:
             raise ValueError(f"emulator {emulator!r} is not among the settings' emulators {list(self.emulators)}")
-        skip = {"predict_batch_size", "emulators", *(LLM_SETTINGS if emulator == MLP else MLP_SETTINGS)}
-        d = {k: v for k, v in asdict(self).items() if k not in skip} | {"pairs": self.pairs_for(emulator)}
+        d = _key_fields(self, emulator)
         return sha256_text(json.dumps([RESULT_VERSION, emulator, d, float(bias_tab), float(bias_text), int(seed)],
                                       sort_keys=True, default=str))[:16]
 
@@ -442,9 +455,9 @@ def _fit_predict_llm(emulator: str, settings: RecoverySettings, data: Mapping, w
     train, levels = data["train"], data["levels"]
     prompts = render_prompts(train, tok, levels, settings.lang, "full", text_fields=settings.text_fields)
     res = train_emulator(model, tok, prompts, train["triage_level"].astype(int).tolist(), levels, work / "train",
-                         epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
-                         patience=settings.patience,
-                         max_length=settings.max_length, seed=seed, lora=lora, progress=progress)
+                         TrainSettings(epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
+                                       patience=settings.patience, max_length=settings.max_length, seed=seed,
+                                       lora=lora), progress=progress)
     backend = LocalClient(res.model, tok, levels, batch_size=settings.predict_batch_size,
                           max_length=settings.max_length)
     preds = emulator_pair_predictions(backend, tok, data["pairs"], settings.text_fields, levels, settings.lang,
