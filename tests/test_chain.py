@@ -176,8 +176,8 @@ def test_stage_kernels_side_by_side_get_their_own_ipc_sockets(tmp_path):
     nb = tmp_path / "k.ipynb"
     nbformat.write(_nb([("code", "import json\nfrom ipykernel import get_connection_info\n"
                                  "c = json.loads(get_connection_info())\nprint(c['transport'], c['ip'])")]), nb)
-    code = ("import sys\nfrom pathlib import Path\nfrom triage_cf.chain import _execute\n"
-            "_execute(Path(sys.argv[1]), Path(sys.argv[2]), {}, progress=False)")
+    code = ("import sys\nfrom pathlib import Path\nfrom triage_cf.chain import execute_stage\n"
+            "execute_stage(Path(sys.argv[1]), Path(sys.argv[2]), {}, progress=False)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(nb), str(tmp_path / f"out{i}.ipynb")], cwd=tmp_path,
                               stderr=subprocess.PIPE, text=True) for i in range(3)]
     errs = [p.communicate(timeout=300)[1] for p in procs]

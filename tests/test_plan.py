@@ -105,12 +105,12 @@ def test_make_reproduce_estimate_within_1_5_of_measured():
 
 
 def test_cached_stages_of_a_real_run_folder(tmp_path, capsys):
-    from triage_cf.chain import _code_fingerprint
+    from triage_cf.chain import code_fingerprint
     run = tmp_path / "run"
-    code = _code_fingerprint()
+    code = code_fingerprint()
     reproduce("synth-en", "smoke", out=run, until="05_emulator", quiet=True)  # 01_data, 02_cohort, 03_split, 04_null_control
     p = plan("synth-en", "smoke", run_dir=run)
-    if _code_fingerprint() != code:  # the chain keys stages on the package code (shared development trees)
+    if code_fingerprint() != code:  # the chain keys stages on the package code (shared development trees)
         pytest.skip("a file of triage_cf/ changed while this test ran, which un-caches every stage by the chain's rule")
     status = {r["stage"]: r["status"] for r in p["stages"]}
     assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "04_null_control"], p["stages"]
@@ -130,12 +130,12 @@ def test_cached_stages_of_a_real_run_folder(tmp_path, capsys):
 
 def test_overrides_are_the_chains(tmp_path, capsys):
     "`--set KEY=VALUE` means the same to `plan` as to `reproduce`: the stages it ran under an override are cached for it."
-    from triage_cf.chain import _code_fingerprint
+    from triage_cf.chain import code_fingerprint
     run = tmp_path / "run"
-    code = _code_fingerprint()
+    code = code_fingerprint()
     reproduce("synth-en", "smoke", out=run, until="05_emulator", quiet=True, overrides={"null_seeds": 2})
     p = plan("synth-en", "smoke", run_dir=run, overrides={"null_seeds": 2})
-    if _code_fingerprint() != code:
+    if code_fingerprint() != code:
         pytest.skip("a file of triage_cf/ changed while this test ran, which un-caches every stage by the chain's rule")
     status = {r["stage"]: r["status"] for r in p["stages"]}
     assert [s for s, v in status.items() if v == "cached"] == ["01_data", "02_cohort", "03_split", "04_null_control"], p["stages"]

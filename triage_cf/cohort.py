@@ -224,7 +224,8 @@ def check_cohort(records: pd.DataFrame, res: CohortResult, rows_read: int | None
     if kept | set(ex) != set(records["record_id"]) or len(kept) + len(ex) != len(records):
         raise AssertionError(f"cohort ({len(kept)}) + exclusions ({len(ex)}) != records ({len(records)})")
     f = res.flow
-    if not (f["n_in"] - f["n_removed"] == f["n_out"]).all() or not (f["n_out"].iloc[:-1].to_numpy() == f["n_in"].iloc[1:].to_numpy()).all():
+    chained = (f["n_out"].iloc[:-1].to_numpy() == f["n_in"].iloc[1:].to_numpy()).all()
+    if not (f["n_in"] - f["n_removed"] == f["n_out"]).all() or not chained:
         raise AssertionError("cohort flow does not chain (n_in - n_removed != n_out, or a step's n_in != previous "
                              "n_out)")
     start = rows_read if rows_read is not None else len(records)

@@ -82,7 +82,8 @@ class AccessNotOpen(PermissionError):
 def access_guidance(manifest: dict, root: str | Path | None = None) -> str:
     "What to do to get a non-open dataset: where access is granted, and which files go where under the data root."
     root = Path(root or _data_root())
-    how = manifest.get("access_request") or f"the data holder named in the manifest's licence ({manifest.get('licence')})"
+    how = manifest.get("access_request") or (f"the data holder named in the manifest's licence "
+                                             f"({manifest.get('licence')})")
     lines = [f"dataset {manifest['name']!r} is {manifest['access']}: triage-cf fetch does not download it.",
              f"Access is granted by {' '.join(str(how).split())}.",
              f"Then put these files under the data root {root} (set TRIAGE_CF_DATA to use another folder):"]
@@ -95,7 +96,8 @@ def access_guidance(manifest: dict, root: str | Path | None = None) -> str:
 # %% ../nbs/0_shared/07_fetch.ipynb #5f1a6b65
 def _refused(entry: dict, url: str, what: str) -> ValueError:
     return ValueError(f"download of {entry['path']!r} from {url} refused: {what}. Nothing was placed; run the fetch "
-                      f"again (a corrupted transfer is downloaded afresh) or check the source and the manifest's sha256")
+                      "again (a corrupted transfer is downloaded afresh) or check the source and the manifest's "
+                      "sha256")
 
 # %% ../nbs/0_shared/07_fetch.ipynb #b4965c15
 def fetch_file(entry: dict, root: str | Path | None = None, base_url: str | None = None, progress: bool = False) -> str:

@@ -45,35 +45,8 @@ assert set(_CC_TEXT) == set(CC_CLASSES.code), set(CC_CLASSES.code) ^ set(_CC_TEX
 
 # %% ../nbs/0_shared/03_synth.ipynb #23441b82
 _CUES = _resource("cues")   # cues.yaml
-_FR_AGREE = [tuple(p)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                         for p in _CUES["fr_agree"]]  # (masculine, feminine) forms that agree with the patient; cues only at the start of a sentence
+#: (masculine, feminine) forms that agree with the patient; cues only at the start of a sentence
+_FR_AGREE = [tuple(p) for p in _CUES["fr_agree"]]
 _FR_AGREE_M = {m for m, f in _FR_AGREE}
 _FR_AGREE_F = {f for m, f in _FR_AGREE}
 _FR_POSSESSIVES = set(_CUES["fr_possessives"])

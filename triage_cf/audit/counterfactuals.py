@@ -70,7 +70,8 @@ def build_pairs(test: pd.DataFrame, text_fields: list[str], lang: str, method: s
     (`analyser`: auto | spacy | none, `triage_cf.rewrite.analyser_for`), the notes of a field parsed in batches."""
     bad = int((~test["sex"].isin(["F", "M"])).sum())
     if bad:
-        raise ValueError(f"build_pairs: {bad} test record(s) without a recorded sex F/M (the cohort stage removes them)")
+        raise ValueError(f"build_pairs: {bad} test record(s) without a recorded sex F/M (the cohort stage "
+                         "removes them)")
     out = test.copy()
     out["cf_sex"] = test["sex"].map(_FLIP).astype(test["sex"].dtype)
     status = pd.Series("ok", index=test.index, dtype=object)
@@ -127,7 +128,8 @@ def pair_subsample(pairs: pd.DataFrame, n: int, seed: int = 0,
     held = pd.Series(False, index=pairs.index) if holding is None else holding.astype(bool)
     if int(held.sum()) > n:
         raise ValueError(f"the subsample of {n} pairs cannot hold the {int(held.sum())} pairs it must contain")
-    rest = pairs[pairs["in_pairs"] & ~held].assign(level_sex=lambda d: d["triage_level"].astype(str) + d["sex"].astype(str))
+    rest = pairs[pairs["in_pairs"] & ~held]
+    rest = rest.assign(level_sex=lambda d: d["triage_level"].astype(str) + d["sex"].astype(str))
     drawn, how = stratified_subsample(rest, n - int(held.sum()), column="level_sex", seed=seed)
     return held | pairs["pair_id"].isin(drawn["pair_id"]), how
 

@@ -387,7 +387,8 @@ def format_table3(t3: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
 # %% ../../nbs/1_audit/08_metrics.ipynb #487267db
 def kappa_w_ci(y_true, y_pred, levels, n_boot: int = 1000, seed: int = 0,
                confidence: float = 0.95) -> tuple[float, float, float]:
-    "Quadratic weighted $\\kappa_w$ on test records with a percentile bootstrap CI (records resampled): (kappa, low, high)."
+    """Quadratic weighted $\\kappa_w$ on test records with a percentile bootstrap CI (records resampled): (kappa,
+    low, high)."""
     y, p = np.asarray(y_true, dtype=np.int64), np.asarray(y_pred, dtype=np.int64)
     if len(y) != len(p) or len(y) == 0:
         raise ValueError(f"kappa_w_ci: {len(y)} true levels and {len(p)} predictions (need the same number, > 0)")
@@ -412,10 +413,12 @@ def fitness_verdict(kappa: float, ci_low: float, ci_high: float, best_baseline: 
     if ci_low <= kappa_floor:
         return False, (f"{k}: the CI reaches the floor {kappa_floor:g} (the level prior's kappa_w is 0): the model has "
                        "not been shown to emulate the nurses")
-    if best_baseline_kappa is not None and np.isfinite(best_baseline_kappa) and ci_high < best_baseline_kappa - baseline_margin:
+    known = best_baseline_kappa is not None and np.isfinite(best_baseline_kappa)
+    if known and ci_high < best_baseline_kappa - baseline_margin:
         return False, (f"{k}: clearly worse than the best non-LLM baseline {best_baseline or ''} (kappa_w "
                        f"{best_baseline_kappa:.2f}; even the CI's upper end is more than {baseline_margin:g} below)")
-    vs = f" and within {baseline_margin:g} of the best baseline {best_baseline}" if best_baseline_kappa is not None else ""
+    vs = (f" and within {baseline_margin:g} of the best baseline {best_baseline}" if best_baseline_kappa is not None
+          else "")
     return True, f"{k}: above the floor {kappa_floor:g}{vs}"
 
 # %% ../../nbs/1_audit/08_metrics.ipynb #c1e8232d
@@ -555,7 +558,8 @@ def paired_comparison(pairs: pd.DataFrame, model_a: str, model_b: str, condition
     diffs = np.column_stack([(a.pred_cf - a.pred_orig).to_numpy(), (b.pred_cf - b.pred_orig).to_numpy()])
     obs, boot, jack, counts = _resampled_sums(is_male, diffs, n_boot,
                                               group_rng(seed, "pretraining", ft_model, fs_model, condition))
-    th, bt, jk = metrics_from_sums(obs), metrics_from_sums(boot), metrics_from_sums(jack)   # (2, M), (2, B, M), (2, K, M)
+    # shapes (2, M), (2, B, M), (2, K, M)
+    th, bt, jk = metrics_from_sums(obs), metrics_from_sums(boot), metrics_from_sums(jack)
     n_by_dir = {"M_to_F": int(is_male.sum()), "F_to_M": int((~is_male).sum())}
     parts = []
     for label, t, bb, jj in ((ft_model, th[0], bt[0], jk[0]), (fs_model, th[1], bt[1], jk[1]),
@@ -1056,7 +1060,8 @@ FIGURE4_METRICS = ("PDR", "female_skew", "NATS_up", "NATS_down")
 def figure4_audited_models(t3: pd.DataFrame, condition: str = "full", metrics: Iterable[str] = FIGURE4_METRICS,
                            title: str | None = None):
     """Figure 4: the headline metrics of every audited model in one `condition` (filled: the estimate with the test's
-    training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range; ★: a finding); models not fit for audit in grey, labelled so. Returns the figure."""
+    training-and-pairs CI where tested, else its bootstrap CI; open: the null emulators' median and 95% range; ★: a
+    finding); models not fit for audit in grey, labelled so. Returns the figure."""
     metrics = list(metrics)
     t = t3[(t3.condition == condition) & t3.metric.isin(metrics)]
     models = _ordered(t.model)
@@ -1167,8 +1172,8 @@ def metrics_from_csv(pairs_csv: str | Path, out_dir: str | Path, n_boot: int = 1
     real, nulls = read_null_pairs(pairs_csv, null_csvs)
     out = Path(out_dir)
     tables = {"metrics": _table3_replicates(real, str(pairs_csv), n_boot=n_boot, seed=seed, ci_method=ci_method)}
-    pairs = None if "replicate" in real.columns else validate_prediction_pairs(real,
-                                                                               str(pairs_csv))   # Tables 6-7: one training
+    # Tables 6-7: one training
+    pairs = None if "replicate" in real.columns else validate_prediction_pairs(real, str(pairs_csv))
     if pairs is not None and "true_level" in pairs.columns:
         tables["table6"], tables["table7"] = discordance_by_level(pairs), or_by_level(pairs)
     verdict = None

@@ -18,7 +18,7 @@ from statsmodels.stats.proportion import proportion_confint
 from .. import chain
 from .baselines import fs_settings, torch_threads
 from ..chain import stages_for
-from ..core import RunPaths, load_params, resource_path, run_dir_for, sha256_text
+from ..core import RunPaths, load_params, resource_path, run_dir_for
 from ..llm import SMOLLM2_NAME, cache_dir, smollm2_gguf_path
 from ..data import file_checksum_status, load_manifest
 from .null_control import null_counts
@@ -204,8 +204,8 @@ def dataset_sizes(dataset: str, params: dict, run_dir: str | Path | None = None)
     syn = params.get("synth") or {}
     if m["loader"] == "synth":
         records = int(syn.get("n_records", 400))
-        share = sizes.get("cohort_share") or sizes["cohort_share_in_window"] * (1 - float(syn.get("share_before_2016",
-                                                                                                  0)))
+        before = float(syn.get("share_before_2016", 0))
+        share = sizes.get("cohort_share") or sizes["cohort_share_in_window"] * (1 - before)
         cohort = round(records * share)
     else:
         records, cohort = int(sizes["records"]), int(sizes["cohort"])
@@ -444,37 +444,25 @@ def stage_basis(stage: str, gpu: bool, tiny: bool) -> str:
 # %% ../../nbs/1_audit/11_plan.ipynb #635e5799
 def cached_stages(dataset: str, profile: str, stages: list[str], run_dir: str | Path | None = None,
                   overrides: dict | None = None) -> dict[str, str]:
-    "For each stage: 'cached' (the chain would skip it) or the reason it would run (`overrides` as `reproduce`'s)."
+    """For each stage: 'cached' (the chain would skip it) or the reason it would run (`overrides` as `reproduce`'s):
+    the chain's own key and skip check (`chain.stage_key`, `chain.skip_reason`)."""
     params = {**load_params(dataset, profile), **(overrides or {})}
     paths = RunPaths(run_dir_for(dataset, profile, run_dir))
     if not paths.run_json.exists():
         return {s: "no run.json in the run folder" for s in stages}
-    run = chain.load_run_json(paths)
-    upstream = sha256_text(json.dumps({"dataset": dataset, "profile": profile, "code": chain._code_fingerprint()},
-                                      sort_keys=True))
+    run, upstream = chain.load_run_json(paths), chain.upstream_key(dataset, profile)
     out, ran_any = {}, False
     for s in stages:
         nb = chain.stage_notebook(s)
-        rec = run.get("stages", {}).get(s, {})
         if not nb.exists():
             out[s], ran_any = f"notebook {nb.name} missing", True
             continue
-        declared = chain._notebook_parameters(nb)
-        key = sha256_text(json.dumps({"nb": chain._notebook_fingerprint(nb),
-                                      "params": {k: v for k, v in params.items() if k in declared},
-                                      "upstream": upstream}, sort_keys=True, default=str))
-        if ran_any:
-            why = "an earlier stage runs"
-        elif rec.get("status") != "ok":
-            why = f"last status: {rec.get('status') or 'never run'}"
-        elif rec.get("key") != key:
-            why = "its notebook, parameters, the package code or an upstream stage changed"
-        elif not chain._outputs_intact(paths, rec.get("outputs", {})):
-            why = "an artifact is missing or its sha256 changed"
-        else:
+        key = chain.stage_key(nb, chain.stage_params_for(nb, params), upstream)
+        why = chain.skip_reason(run.get("stages", {}).get(s, {}), key, paths, ran_any)
+        if why is None:
             out[s], upstream = "cached", key
-            continue
-        out[s], ran_any = why, True
+        else:
+            out[s], ran_any = why, True
     return out
 
 # %% ../../nbs/1_audit/11_plan.ipynb #8afe8701

@@ -32,7 +32,8 @@ def expected_level(p, levels) -> np.ndarray:
 
 # %% ../../nbs/1_audit/07_predict.ipynb #3de5221d
 def pair_records(pairs: pd.DataFrame, text_fields: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "The original $x$ and full counterfactual $x'$ of every pair in $\\mathcal{I}$ (row-aligned); views are rendered from these."
+    """The original $x$ and full counterfactual $x'$ of every pair in $\\mathcal{I}$ (row-aligned); views are
+    rendered from these."""
     return pair_views(pairs, "full", text_fields)
 
 # %% ../../nbs/1_audit/07_predict.ipynb #583c5328

@@ -20,15 +20,16 @@ from .plan import calibration_curve, detectable_size, measured_level
 from .subgroups import fidelity_frame, fidelity_sentences, subgroup_frame, transition_frames
 
 # %% auto #0
-__all__ = ['ADVICE', 'VIEW_WORDS', 'PAPER_SKEW', 'HEADLINE', 'METRIC_LABELS', 'T6_COLUMNS', 'T7_COLUMNS', 'FIGURE_CAPTIONS',
-           'MARGINS_LAYOUT', 'TBIAS_LAYOUT', 'APPENDIX_LAYOUT', 'SECTIONS', 'table1_cohort', 'as_bool', 'num',
-           'is_proportion', 'fmt_value', 'fmt_ci', 'compact', 'RunTables', 'Html', 'render_frame', 'table_block',
-           'figure_block', 'banner', 'section', 'fitness_verdicts', 'fitness_flag', 'fmt_kappa', 'fitness_sentence',
-           'view_sentence', 'metric_cell', 'summary_frame', 'false_positive_sentence', 'null_test_frame',
-           'summary_section', 'test_design_sentence', 'merge_ci', 'generic_block', 'figure_of', 'pair',
-           'section_cohort', 'section_performance', 'metric_label', 'table3_wide', 'unfit_banner', 'section_bias',
-           'section_where', 'level_frame', 'section_levels', 'section_pretraining', 'section_impact', 'figure_caption',
-           'instrument_caveats', 'section_instrument', 'section_appendix', 'section_parameters', 'build_report']
+__all__ = ['ADVICE', 'VIEW_WORDS', 'PAPER_SKEW', 'HEADLINE', 'METRIC_LABELS', 'NULL_PERMUTATION_CAPTION', 'T6_COLUMNS',
+           'T7_COLUMNS', 'FIGURE_CAPTIONS', 'MARGINS_LAYOUT', 'TBIAS_LAYOUT', 'APPENDIX_LAYOUT', 'SECTIONS',
+           'table1_cohort', 'as_bool', 'num', 'is_proportion', 'fmt_value', 'fmt_ci', 'compact', 'RunTables', 'Html',
+           'render_frame', 'table_block', 'figure_block', 'banner', 'section', 'fitness_verdicts', 'fitness_flag',
+           'fmt_kappa', 'fitness_sentence', 'view_sentence', 'metric_cell', 'summary_frame', 'false_positive_sentence',
+           'null_test_frame', 'summary_section', 'test_design_sentence', 'merge_ci', 'generic_block', 'figure_of',
+           'pair', 'section_cohort', 'section_performance', 'metric_label', 'table3_wide', 'unfit_banner',
+           'section_bias', 'section_where', 'level_frame', 'section_levels', 'section_pretraining', 'section_impact',
+           'figure_caption', 'instrument_caveats', 'section_instrument', 'section_appendix', 'section_parameters',
+           'build_report']
 
 # %% ../../nbs/1_audit/13_report.ipynb #c3a223ee
 def table1_cohort(cohort: pd.DataFrame, manifest: dict, min_cell: int | None = None) -> pd.DataFrame:
@@ -152,6 +153,14 @@ def compact(value, max_chars: int = 160) -> str:
         return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}" if abs(v) >= 1000 else f"{v:.3g}"
     return compact(str(value), max_chars)
 
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10005
+def _read_table(path: Path) -> pd.DataFrame:
+    "A run table read as text cells (`keep_default_na=False`: an empty cell stays ''); an empty file is an empty frame."
+    try:
+        return pd.read_csv(path, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
 # %% ../../nbs/1_audit/13_report.ipynb #bce032f6
 class RunTables:
     "The tables (tables/*.csv) and figures (figures/*.png) of a run folder, each handed out to one section only."
@@ -169,10 +178,7 @@ class RunTables:
         if name not in self.tables:
             return None
         if name not in self._read:
-            try:
-                self._read[name] = pd.read_csv(self.tables[name], keep_default_na=False)
-            except pd.errors.EmptyDataError:
-                self._read[name] = pd.DataFrame()
+            self._read[name] = _read_table(self.tables[name])
         return self._read[name]
 
     def _place(self, key: str):
@@ -370,7 +376,8 @@ def fitness_sentence(r) -> str:
     "The summary's first words on one model: its verdict, with the kappa_w or the reason behind it."
     k, reason = fmt_kappa(r), str(r.get("reason") or "").strip()
     if r["model"] in REFERENCE_MODELS:
-        return f"{r['model']}: the reference, not an emulator ({k}): the planted labelling process, the truth the emulators estimate."
+        return (f"{r['model']}: the reference, not an emulator ({k}): the planted labelling process, the truth the "
+                "emulators estimate.")
     if r.get("fit") is True:
         return f"{r['model']}: fit for audit ({k or reason or 'fitness criterion met'})."
     if r.get("fit") is False:
@@ -467,7 +474,8 @@ def view_sentence(view: str, rows: dict, fit: bool | None) -> str:
     if fit is False:
         p = fmt_value(pdr["estimate"], "PDR") if pdr is not None else "-"
         said = f"{p} of decisions change, but" if p != "-" else "no PDR;"
-        return f"In the {name}: uninformative ({said} the model is not fit for audit: not evidence for or against bias)."
+        return (f"In the {name}: uninformative ({said} the model is not fit for audit: not evidence for or "
+                "against bias).")
     out = []
     if pdr is not None and fmt_value(pdr["estimate"], "PDR") != "-":
         lo, hi = _row_ci(pdr)
@@ -511,7 +519,8 @@ def metric_cell(r, stack: bool = False, test_ci: bool = False) -> Html:
         return Html(f"<span title='{html.escape(str(r.get('remark', '')))}'>-</span>")
     est, _, ci = text.partition(" ")
     star = as_bool(r.get("finding", ""), "tables/table3_bias_metrics.csv, column finding") is True
-    return Html(f"{html.escape(est)}{'<br>' if stack else ' '}<span class='ci'>{html.escape(ci)}</span>" + ("<span class='up' title='a finding of the audit&#x27;s test'>★</span>" if star else ""))
+    mark = "<span class='up' title='a finding of the audit&#x27;s test'>★</span>" if star else ""
+    return Html(f"{html.escape(est)}{'<br>' if stack else ' '}<span class='ci'>{html.escape(ci)}</span>" + mark)
 
 # %% ../../nbs/1_audit/13_report.ipynb #267c9264
 def summary_frame(t3: pd.DataFrame | None, fit: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
@@ -591,54 +600,61 @@ def null_test_frame(pt: pd.DataFrame) -> pd.DataFrame:
         "decision": dec,
         "MDE": mde})
 
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10006
+def _summary_dataset(rt: RunTables) -> str:
+    "The summary's first line: the dataset, its profile and the cohort's size after the exclusions."
+    run, (n_in, n_out) = rt.run, _flow_counts(rt)
+    title = html.escape(str(run.get("dataset", rt.paths.root.name)))
+    profile = html.escape(str(run.get("profile", "?")))
+    return (f"<p><b>Dataset</b> <code>{title}</code> (profile <code>{profile}</code>): "
+            + (f"{html.escape(n_out)} visits after the exclusions" if n_out else "cohort size not recorded")
+            + (f", from {html.escape(n_in)} records read (Table 1 and the cohort flow below)." if n_in else ".")
+            + "</p>")
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10007
+def _summary_test_table(pt: pd.DataFrame | None) -> list[str]:
+    "The summary's table of the audit's test: the full view's checks and any finding of the isolated views."
+    if pt is None or not len(pt):
+        return []
+    key = (pt.condition.astype(str) == "full") | pt.finding.map(
+        lambda x: as_bool(x, "tables/null_test.csv, column finding") is True)
+    frame = null_test_frame(pt[key.to_numpy()].reset_index(drop=True))
+    return [table_block(render_frame(frame, group_by="model · view"), "Summary table",
+                        "The audit's test, per tested model and headline metric (full view, and any finding in the "
+                        "isolated views): estimate with its training-and-pairs CI, the null emulators' median and 95% "
+                        "range, p, q, the decision, and for a check without a finding the smallest effect the audit "
+                        "could have detected (MDE, 80% power).", "tables/null_test.csv")]
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10008
+def _summary_models(rt: RunTables, t3: pd.DataFrame | None, fit: pd.DataFrame) -> list[str]:
+    "Each model's verdict and headline metrics in one table, its note, and the audit's test."
+    frame, classes = summary_frame(t3, fit)
+    note = ("<p class='note'>Proportions in percent (female skew and NATS in percentage points), NMDF in triage-scale "
+            "points, 95% CIs in brackets: the test's training-and-pairs CI where a model is tested, the pairs' "
+            f"bootstrap CI where it is not. {test_design_sentence(rt.peek('null_test'), t3)} Greyed rows: models not "
+            "fit for audit, whose numbers are not findings.</p>")
+    return [render_frame(frame, row_classes=classes, col_classes={"in plain words": "words"}, group_by="model"),
+            note, *_summary_test_table(rt.peek("null_test"))]
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10009
+def _summary_no_audit(rt: RunTables) -> list[str]:
+    "The summary of a run without the counterfactual audit: its stages and what its instruments say of themselves."
+    stages = ", ".join(rt.run.get("stages", {})) or "unknown"
+    caveats = instrument_caveats(rt, ("margins_", "pm_", "tbias_"))   # what the run says about itself, first
+    return [f"<p>This run has no counterfactual bias audit (stages run: {html.escape(stages)}); its results are in "
+            "the sections below.</p>",
+            "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in caveats) + "</ul>" if caveats else ""]
+
 # %% ../../nbs/1_audit/13_report.ipynb #3651c0f7
 def summary_section(rt: RunTables, fit: pd.DataFrame) -> str:
     "The reader's first screen: dataset and cohort, each model's verdict, the headline metrics in one table."
-    run, (n_in, n_out) = rt.run, _flow_counts(rt)
-    title = html.escape(str(run.get("dataset", rt.paths.root.name)))
-    lines = [f"<p><b>Dataset</b> <code>{title}</code> (profile "
-             f"<code>{html.escape(str(run.get('profile', '?')))}</code>): "
-             + (f"{html.escape(n_out)} visits after the exclusions" if n_out else "cohort size not recorded")
-             + (f", from {html.escape(n_in)} records read (Table 1 and the cohort flow below)." if n_in
-                else ".") + "</p>"]
-    t3 = rt.peek("table3_bias_metrics")
+    lines, t3 = [_summary_dataset(rt)], rt.peek("table3_bias_metrics")
     if t3 is not None and "n_pairs" in t3.columns and len(t3):
         n = t3.loc[t3.metric == "PDR", "n_pairs"].map(num).max() if "metric" in t3.columns else np.nan
         if n > 0:
             lines.append(f"<p>The bias metrics rest on up to {compact(n)} counterfactual pairs per model and view "
                          "(test records).</p>")
-    if len(fit):
-        frame, classes = summary_frame(t3, fit)
-        lines.append(render_frame(frame, row_classes=classes, col_classes={"in plain words": "words"},
-                                  group_by="model"))
-        lines.append("<p class='note'>Proportions in percent (female skew and NATS in percentage points), NMDF in "
-                     "triage-scale "
-                     "points, 95% CIs in brackets: the test's training-and-pairs CI where a model is tested, the "
-                     "pairs' "
-                     f"bootstrap CI where it is not. {test_design_sentence(rt.peek('null_test'), t3)} Greyed rows: "
-                     "models not fit "
-                     "for audit, whose numbers are not findings.</p>")
-        pt = rt.peek("null_test")
-        if pt is not None and len(pt):
-            key = (pt.condition.astype(str) == "full") | pt.finding.map(lambda x: as_bool(x,
-                "tables/null_test.csv, column finding") is True)
-            lines.append(table_block(render_frame(null_test_frame(pt[key.to_numpy()].reset_index(drop=True)),
-                                                  group_by="model · view"),
-                                     "Summary table",
-                                     "The audit's test, per tested model and headline metric (full view, and any "
-                                     "finding in the isolated views): estimate with its training-and-pairs CI, the "
-                                     "null "
-                                     "emulators' median and 95% range, p, q, the decision, and for a check without a "
-                                     "finding "
-                                     "the smallest effect the audit could have detected (MDE, 80% power).",
-                                     "tables/null_test.csv"))
-    else:
-        stages = ", ".join(run.get("stages", {})) or "unknown"
-        lines.append(f"<p>This run has no counterfactual bias audit (stages run: {html.escape(stages)}); its results "
-                     "are in the "
-                     "sections below.</p>")
-        caveats = instrument_caveats(rt, ("margins_", "pm_", "tbias_"))   # what the run says about itself, first
-        lines.append("<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in caveats) + "</ul>" if caveats else "")
+    lines += _summary_models(rt, t3, fit) if len(fit) else _summary_no_audit(rt)
     fp = false_positive_sentence(rt.peek("null_false_positive"))
     if fp:
         lines.append(f"<p>{html.escape(fp)}</p>")
@@ -831,65 +847,71 @@ def unfit_banner(fit: pd.DataFrame, models=None) -> str:
                   "and "
                   f"a zero there means uninformative, not unbiased. {ADVICE}")
 
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10001
+def _table3_block(rt: RunTables, t3: pd.DataFrame, fit: pd.DataFrame) -> list[str]:
+    "Table 3 (wide) with the banner naming its unfit models, or nothing when the run has no Table 3."
+    if t3 is None or not len(t3):
+        return []
+    n_boot = rt.run.get("parameters", {}).get("n_boot", 1000)
+    w, cc = table3_wide(t3, fit)
+    n = ", ".join(f"{m}: {compact(g.n_pairs.map(num).max())}"
+                  for m, g in t3.groupby("model", sort=False)) if "n_pairs" in t3 else ""
+    caption = ("Gender bias metrics per model, for the three transformation conditions (full, text-isolated, "
+               f"tabular-isolated). Brackets show 95% confidence intervals from {n_boot} bootstrap iterations.")
+    note = ((f"Pairs per model: {html.escape(n)}. " if n else "") + "★: a finding of the audit's test (Table 'The "
+            "audit's test' below); null emulators: their median and 95% range; '-': undefined (hover for why).")
+    return [unfit_banner(fit, set(t3.model.astype(str))),
+            table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), "Table 3", caption,
+                        "tables/table3_bias_metrics.csv", note=note)]
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10002
+def _null_control_block(rt: RunTables, nc: pd.DataFrame | None, fit: pd.DataFrame) -> list[str]:
+    "The null emulators' own metrics, widened as Table 3 (each named `<model> null twin (seed s)`)."
+    if nc is None or not len(nc):
+        return []
+    base = [re.sub(r"_null\d*$", "", str(m)) for m in nc.model]   # stage 09_metrics: RF_null, RF_null1, ...
+    nc = nc.assign(model=[f"{b} null twin" + (f" (seed {s})" if str(s) != "" else "")
+                          for b, s in zip(base, _col(nc, "null_seed"))])
+    w, cc = table3_wide(nc, fit.iloc[:0])
+    return [table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), rt.label("Table"),
+                        "Null control: the null emulators' own metrics (each model retrained with the sex permuted); "
+                        "their CIs should cover 0.", "tables/null_control.csv")]
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10003
+def _null_test_block(rt: RunTables, pt: pd.DataFrame | None) -> list[str]:
+    "The audit's test: every tested check with its null distribution, p, q, decision and MDE."
+    if pt is None or not len(pt):
+        return []
+    k = ", ".join(f"{m}: K = {compact(g.n_null.map(num).max())}" for m, g in pt.groupby("model", sort=False))
+    caption = ("The audit's test: each headline metric against the same metric of null emulators (the same training "
+               "on sex-permuted records, scoring the same pairs). Primary check: the female skew in the full view at "
+               "α = 0.05; the other checks carry Benjamini–Hochberg q-values within the model. MDE: the smallest "
+               "effect the test detects with 80% power.")
+    return [table_block(render_frame(null_test_frame(pt)), rt.label("Table"), caption, "tables/null_test.csv",
+                        note=html.escape(f"Null emulators per model: {k}."))]
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10004
+#: The caption of the table that says how the null emulators' training records were made.
+NULL_PERMUTATION_CAPTION = (
+    "How the null emulators' training data were made: the sex permuted conditionally on the case mix (or uniformly: "
+    "column null_permutation; the propensity's inputs: null_propensity), the records kept at their sex for a "
+    "sex-marked word g leaves (n_fixed_marked), the sex's association with the triage level and its case-mix signal "
+    "(AUC) before and after.")
+
 # %% ../../nbs/1_audit/13_report.ipynb #8695c1d5
 def section_bias(rt: RunTables, fit: pd.DataFrame) -> str:
     "Section 3.3: Table 3 (wide) with Figure 3, then the null control's own metrics and false-positive rate."
-    parts, t3 = [], rt.take_table("table3_bias_metrics")
-    n_boot = rt.run.get("parameters", {}).get("n_boot", 1000)
-    if t3 is not None and len(t3):
-        w, cc = table3_wide(t3, fit)
-        n = ", ".join(f"{m}: {compact(g.n_pairs.map(num).max())}"
-                      for m, g in t3.groupby("model", sort=False)) if "n_pairs" in t3 else ""
-        parts += [unfit_banner(fit, set(t3.model.astype(str))),
-                  table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True), "Table 3",
-                              "Gender bias metrics per model, for the three transformation conditions (full, "
-                              "text-isolated, "
-                              f"tabular-isolated). Brackets show 95% confidence intervals from {n_boot} bootstrap "
-                              "iterations.",
-                              "tables/table3_bias_metrics.csv",
-                              note=(f"Pairs per model: {html.escape(n)}. " if n
-                                    else "") + "★: a finding of the audit's test (Table "
-                              "'The audit's test' below); null emulators: their median and 95% range; '-': undefined "
-                              "(hover for why).")]
+    parts = _table3_block(rt, rt.take_table("table3_bias_metrics"), fit)
     parts.append(figure_of(rt, "figure3_bias_metrics", "Bias metrics (estimates with 95% CIs) by model and condition.",
                            "3"))
-    nc = rt.take_table("null_control")
-    if nc is not None and len(nc):
-        base = [re.sub(r"_null\d*$", "", str(m))
-                for m in nc.model]   # stage 09_metrics names the twins RF_null, RF_null1, ...
-        nc = nc.assign(model=[f"{b} null twin" + (f" (seed {s})" if str(s) != "" else "")
-                              for b, s in zip(base, _col(nc, "null_seed"))])
-        w, cc = table3_wide(nc, fit.iloc[:0])
-        parts.append(table_block(render_frame(w, col_classes=cc, group_by=("view", ""), fit_page=True),
-                                 rt.label("Table"),
-                                 "Null control: the null emulators' own metrics (each model retrained with the sex "
-                                 "permuted); "
-                                 "their CIs should cover 0.", "tables/null_control.csv"))
+    parts += _null_control_block(rt, rt.take_table("null_control"), fit)
     fp = rt.take_table("null_false_positive")
     if fp is not None:
         parts.append(table_block(render_frame(fp), rt.label("Table"), "The null emulators' pair-bootstrap CIs: "
                                  "share of their metric CIs that exclude 0 (not the test's level: see the note).",
-                                 "tables/null_false_positive.csv",
-                                 note=html.escape(false_positive_sentence(fp))))
-    pt = rt.take_table("null_test")
-    if pt is not None and len(pt):
-        k = ", ".join(f"{m}: K = {compact(g.n_null.map(num).max())}" for m, g in pt.groupby("model", sort=False))
-        parts.append(table_block(render_frame(null_test_frame(pt)), rt.label("Table"),
-                                 "The audit's test: each headline metric against the same metric of null emulators "
-                                 "(the "
-                                 "same training on sex-permuted records, scoring the same pairs). Primary check: the "
-                                 "female "
-                                 "skew in the full view at α = 0.05; the other checks carry Benjamini–Hochberg "
-                                 "q-values "
-                                 "within the model. MDE: the smallest effect the test detects with 80% power.",
-                                 "tables/null_test.csv", note=html.escape(f"Null emulators per model: {k}.")))
-    parts.append(generic_block(rt, "null_control_permutation",
-                               "How the null emulators' training data were made: the sex "
-                               "permuted conditionally on the case mix (or uniformly: column null_permutation; the "
-                               "propensity's "
-                               "inputs: null_propensity), the records kept at their sex for a sex-marked word g leaves "
-                               "(n_fixed_marked), the sex's association with the triage level and its case-mix signal "
-                               "(AUC) before and after."))
+                                 "tables/null_false_positive.csv", note=html.escape(false_positive_sentence(fp))))
+    parts += _null_test_block(rt, rt.take_table("null_test"))
+    parts.append(generic_block(rt, "null_control_permutation", NULL_PERMUTATION_CAPTION))
     parts.append(generic_block(rt, "null_baselines", "The null emulators' own cross-validated kappa_w."))
     return section("bias", "Gender bias metrics (paper §3.3)", parts)
 
@@ -1034,6 +1056,59 @@ def section_pretraining(rt: RunTables, fit: pd.DataFrame) -> str:
         parts.append(figure_of(rt, name, cap, number))
     return section("pretraining", "Pre-training (paper §3.3, Figure 4)", parts)
 
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10010
+def _impact_skew(r: dict) -> str:
+    "An impact row's female skew with its CI, in points."
+    return fmt_ci(r["female_skew"], r["female_skew_ci_low"], r["female_skew_ci_high"], "female_skew", False)
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10011
+def _impact_about(r: dict) -> str:
+    """An impact row's yearly visits with their CI to 3 significant digits (the Discussion's "about 220,000"); a
+    negative skew's visits counted as visits by women that get the more severe score."""
+    r3 = lambda x: compact(float(f"{num(x):.3g}"))
+    v, lo, hi = num(r["visits_per_year"]), r["visits_ci_low"], r["visits_ci_high"]
+    return f"{r3(v)} [{r3(lo)}, {r3(hi)}]" if v >= 0 else f"{r3(-v)} [{r3(-num(hi))}, {r3(-num(lo))}]"
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10013
+def _impact_sentence(r: dict) -> str:
+    "One reportable impact row in words: the skew, the country's yearly visits and the visits by women it moves."
+    more = "less" if num(r["visits_per_year"]) >= 0 else "more"
+    return (f"<li>If the female skew of {html.escape(str(r['model']))} in the "
+            f"{html.escape(VIEW_WORDS.get(r.get('condition'), ('?',))[0])} ({html.escape(_impact_skew(r))} points) "
+            f"held for the {num(r['annual_ed_visits']) / 1e6:.1f} million ED visits a year of "
+            f"{html.escape(str(r['country']))}, about {html.escape(_impact_about(r))} visits by women a year would "
+            f"get the {more} severe triage score.</li>")
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10014
+def _impact_reported(rt: RunTables, ok: pd.DataFrame) -> list[str]:
+    "The reportable impact rows: the table, then one sentence each (or a note that no row is reportable)."
+    if not len(ok):
+        return [table_block("<p class='note'>No row of this run is reportable.</p>", rt.label("Table"),
+                            "Impact (Discussion).", "tables/impact.csv")]
+    visits = lambda r: (f"{compact(num(r['visits_per_year']))} [{compact(num(r['visits_ci_low']))}, "
+                        f"{compact(num(r['visits_ci_high']))}]")
+    rows = [{"model": r["model"], "view": r.get("condition", ""), "country": r["country"],
+             "ED visits / year": compact(num(r.get("annual_ed_visits"))), "female skew (points)": _impact_skew(r),
+             "visits / year (95% CI)": visits(r), "why reportable": r.get("remark", "")}
+            for r in ok.to_dict("records")]
+    caption = ("Impact (Discussion): yearly visits by women that would get the less severe score if the female skew "
+               "held nationally (skew × annual ED visits × share of women).")
+    return [table_block(render_frame(pd.DataFrame(rows)), rt.label("Table"), caption, "tables/impact.csv"),
+            "<ul>" + "".join(_impact_sentence(r) for r in ok.to_dict("records")) + "</ul>"]
+
+# %% ../../nbs/1_audit/13_report.ipynb #e9b10015
+def _impact_unreported(rest: pd.DataFrame, fits: dict) -> list[str]:
+    "The impact rows that are not reported, one line per (model, view) with the reason."
+    if not len(rest):
+        return []
+    why = {}
+    for r in rest.to_dict("records"):
+        key = f"{r.get('model')} ({VIEW_WORDS.get(r.get('condition'), (r.get('condition'),))[0]})"
+        why.setdefault(key, str(r.get("remark") or ("not fit for audit" if fits.get(str(r.get("model"))) is False
+                                                    else "fitness not assessed")))
+    return ["<p>Not reported (the numbers would not be findings):</p><ul>" + "".join(
+        f"<li class='unfit'>{html.escape(k)}: {html.escape(v)}</li>" for k, v in why.items()) + "</ul>"]
+
 # %% ../../nbs/1_audit/13_report.ipynb #6627da24
 def section_impact(rt: RunTables, fit: pd.DataFrame) -> str:
     "The Discussion's impact: reportable rows as numbers and sentences, the others listed with their remark."
@@ -1047,67 +1122,8 @@ def section_impact(rt: RunTables, fit: pd.DataFrame) -> str:
         rep = [fits.get(str(m)) is True for m in _col(imp, "model")]
         parts.append(banner("This run's impact table has no <code>reportable</code> column (an older run): only models "
                             "fit for audit are shown as numbers.", "caveat"))
-    ok, rest = imp[rep], imp[[not r for r in rep]]
-    if len(ok):
-        sk = lambda r: fmt_ci(r["female_skew"], r["female_skew_ci_low"], r["female_skew_ci_high"], "female_skew", False)
-        visits = lambda r: f"{compact(num(r['visits_per_year']))} [{compact(num(r['visits_ci_low']))}, {compact(num(r['visits_ci_high']))}]"
-        r3 = lambda x: compact(float(f"{num(x):.3g}"))   # the Discussion's "about 220,000"
-        about = lambda r: (f"{r3(r['visits_per_year'])} [{r3(r['visits_ci_low'])}, {r3(r['visits_ci_high'])}]"
-                           if num(r["visits_per_year"]) >= 0
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-                                                                                                                           else f"{r3(-num(r['visits_per_year']))} [{r3(-num(r['visits_ci_high']))}, {r3(-num(r['visits_ci_low']))}]")
-        rows = [{"model": r["model"], "view": r.get("condition", ""), "country": r["country"],
-                 "ED visits / year": compact(num(r.get("annual_ed_visits"))),
-                 "female skew (points)": sk(r), "visits / year (95% CI)": visits(r),
-                 "why reportable": r.get("remark", "")}
-                for r in ok.to_dict("records")]
-        parts.append(table_block(render_frame(pd.DataFrame(rows)), rt.label("Table"),
-                                 "Impact (Discussion): yearly visits "
-                                 "by women that would get the less severe score if the female skew held nationally "
-                                 "(skew × "
-                                 "annual ED visits × share of women).", "tables/impact.csv"))
-        parts.append("<ul>" + "".join(
-            f"<li>If the female skew of {html.escape(str(r['model']))} in the "
-            f"{html.escape(VIEW_WORDS.get(r.get('condition'), ('?',))[0])} "
-            f"({html.escape(sk(r))} points) held for the {num(r['annual_ed_visits']) / 1e6:.1f} million ED visits a "
-            "year of "
-            f"{html.escape(str(r['country']))}, about {html.escape(about(r))} visits by women a year would get the "
-            f"{'less' if num(r['visits_per_year']) >= 0 else 'more'} severe triage score.</li>"
-            for r in ok.to_dict("records")) + "</ul>")
-    else:
-        parts.append(table_block("<p class='note'>No row of this run is reportable.</p>", rt.label("Table"),
-                                 "Impact (Discussion).", "tables/impact.csv"))
-    if len(rest):
-        why = {}
-        for r in rest.to_dict("records"):
-            key = f"{r.get('model')} ({VIEW_WORDS.get(r.get('condition'), (r.get('condition'),))[0]})"
-            why.setdefault(key, str(r.get("remark") or ("not fit for audit" if fits.get(str(r.get("model"))) is False
-                                                        else "fitness not assessed")))
-        parts.append("<p>Not reported (the numbers would not be findings):</p><ul>" + "".join(
-            f"<li class='unfit'>{html.escape(k)}: {html.escape(v)}</li>" for k, v in why.items()) + "</ul>")
+    parts += _impact_reported(rt, imp[rep])
+    parts += _impact_unreported(imp[[not r for r in rep]], fits)
     return section("impact", "Impact (paper Discussion)", parts)
 
 # %% ../../nbs/1_audit/13_report.ipynb #75ef83ca
@@ -1262,7 +1278,8 @@ def section_parameters(rt: RunTables) -> str:
     if not run:
         return ""
     git = run.get("git", {})
-    head = (f"<p>Commit <code>{html.escape(str(git.get('commit')))}</code>{' (uncommitted changes)' if git.get('dirty') else ''}; "
+    dirty = " (uncommitted changes)" if git.get("dirty") else ""
+    head = (f"<p>Commit <code>{html.escape(str(git.get('commit')))}</code>{dirty}; "
             f"dataset <code>{html.escape(str(run.get('dataset')))}</code>, profile "
             f"<code>{html.escape(str(run.get('profile')))}</code>, "
             f"access <code>{html.escape(str(run.get('access', '?')))}</code>.</p>")
@@ -1279,19 +1296,27 @@ def section_parameters(rt: RunTables) -> str:
                                                      render_frame(stages) if len(stages) else ""])
 
 # %% ../../nbs/1_audit/13_report.ipynb #865c510a
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222;line-height:1.4}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:0.2em;margin-top:1.6em}nav{font-size:0.9em;color:#555}
+_CSS = """\
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:1.5em auto;padding:0 1em;color:#222;line-height:1.4}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:0.2em;margin-top:1.6em}
+nav{font-size:0.9em;color:#555}
 .tw{overflow-x:auto;max-width:100%}table{border-collapse:collapse;margin:0.3em 0 0.6em;font-size:0.82em}
-td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap;vertical-align:top}.txt{text-align:left}td.long{white-space:normal;min-width:18em;max-width:36em}
-th{background:#f2f2f2}th.words{text-align:left}td.label{text-align:left}td.words{white-space:normal;text-align:left;min-width:22em;font-size:0.95em}
-tr.group th{text-align:left;background:#e8eef6}.ci{color:#555}.up{color:#b00;margin-left:2px}td.null,th.null{background:#fafafa}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;white-space:nowrap;vertical-align:top}
+.txt{text-align:left}td.long{white-space:normal;min-width:18em;max-width:36em}
+th{background:#f2f2f2}th.words{text-align:left}td.label{text-align:left}
+td.words{white-space:normal;text-align:left;min-width:22em;font-size:0.95em}
+tr.group th{text-align:left;background:#e8eef6}.ci{color:#555}.up{color:#b00;margin-left:2px}
+td.null,th.null{background:#fafafa}
 .unfit,.unfit td,.unfit th,td.unfit,th.unfit{color:#9a9a9a;background:#f3f3f3}
 .banner{padding:0.5em 0.8em;margin:0.6em 0;border-left:4px solid;font-size:0.92em}
-.banner.unfit{border-color:#999;background:#f3f3f3;color:#444}.banner.caveat{border-color:#c80;background:#fff6e0}
+.banner.unfit{border-color:#999;background:#f3f3f3;color:#444}
+.banner.caveat{border-color:#c80;background:#fff6e0}
 .block{margin:0.8em 0 1.2em}.cap,figcaption{font-size:0.9em;margin:0.2em 0}.note{font-size:0.85em;color:#555}
-figure{margin:0.5em 0 1.2em}img{max-width:100%;border:1px solid #eee}thead th{text-align:center}table.fit{width:100%}table.fit .ci{white-space:normal}
+figure{margin:0.5em 0 1.2em}img{max-width:100%;border:1px solid #eee}thead th{text-align:center}
+table.fit{width:100%}table.fit .ci{white-space:normal}
 .pair{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start}.pair>div{flex:1 1 380px;min-width:0}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(240px,1fr));gap:0.8em}.grid.wide{grid-template-columns:repeat(auto-fill,minmax(420px,1fr))}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(240px,1fr));gap:0.8em}
+.grid.wide{grid-template-columns:repeat(auto-fill,minmax(420px,1fr))}
 code,pre{background:#f6f6f6}details summary{cursor:pointer;color:#036;font-size:0.9em}"""
 
 SECTIONS = ("summary", "cohort", "performance", "bias", "levels", "pretraining", "impact", "margins", "tbias",

@@ -74,7 +74,8 @@ def export_review_sample(pairs_df: pd.DataFrame, n: int, seed: int, path, strata
     if null_strata:
         raise ValueError(f"{null_strata} pair(s) have a missing stratum value in {list(strata)}")
     if pairs_df[id_col].duplicated().any():
-        raise ValueError(f"{int(pairs_df[id_col].duplicated().sum())} duplicated {id_col!r} value(s) in the pairs table")
+        raise ValueError(f"{int(pairs_df[id_col].duplicated().sum())} duplicated {id_col!r} value(s) in the "
+                         "pairs table")
     rng = np.random.default_rng(seed)
     if strata:
         key = pairs_df[list(strata)].astype(str).agg(" | ".join, axis=1)
@@ -87,7 +88,8 @@ def export_review_sample(pairs_df: pd.DataFrame, n: int, seed: int, path, strata
         picks += list(rng.choice(idx, size=int(k), replace=False))
     sample = pairs_df.loc[picks, [id_col, *strata, original_col, rewritten_col]].copy()
     sample.insert(0, "stratum", key.loc[picks].to_numpy())
-    sample = sample.iloc[rng.permutation(len(sample))].reset_index(drop=True)   # annotators must not see the strata order
+    # annotators must not see the strata order
+    sample = sample.iloc[rng.permutation(len(sample))].reset_index(drop=True)
     sample.insert(0, "review_id", [f"R{i + 1:04d}" for i in range(len(sample))])
     sample = sample.rename(columns={original_col: "original", rewritten_col: "rewritten", id_col: "record_id"})
     sample["category"] = ""
@@ -121,7 +123,8 @@ def review_agreement(csv_a, csv_b) -> dict:
     a, b = _read_review(csv_a), _read_review(csv_b)
     only_a, only_b = a.index.difference(b.index), b.index.difference(a.index)
     if len(only_a) or len(only_b):
-        raise ValueError(f"the sheets differ: {len(only_a)} review_id(s) only in {csv_a}, {len(only_b)} only in {csv_b}")
+        raise ValueError(f"the sheets differ: {len(only_a)} review_id(s) only in {csv_a}, "
+                         f"{len(only_b)} only in {csv_b}")
     ya, yb = a["category"], b["category"].reindex(a.index)
     labels = list(REVIEW_CATEGORIES)
     agree = ya == yb

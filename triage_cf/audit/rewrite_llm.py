@@ -195,7 +195,8 @@ def parse_rewrite(output: str, fields: Mapping[str, str | None], target_sex: str
             return None, f"text between tags: {gap.strip()[:60]!r}"
     contents = [output[found[k][3]:found[k + 1][2]] for k in range(0, len(found), 2)]
     if contents[0].strip().lower() != SEX_WORDS[lang][target_sex]:
-        return None, f"<{tags['sex']}> says {contents[0].strip()[:30]!r}, not the target {SEX_WORDS[lang][target_sex]!r}"
+        return None, (f"<{tags['sex']}> says {contents[0].strip()[:30]!r}, not the target "
+                      f"{SEX_WORDS[lang][target_sex]!r}")
     out = {}
     for (f, orig), new in zip(fields.items(), contents[1:]):
         empty_in = orig is None or not orig.strip()
@@ -249,7 +250,8 @@ class LLMRewriter:
                  progress: bool = False):
         if lang not in LANGS:
             raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
-        self.client, self.lang, self.n_shots, self.batch_size, self.progress = client, lang, n_shots, batch_size, progress
+        self.client, self.lang, self.n_shots = client, lang, n_shots
+        self.batch_size, self.progress = batch_size, progress
         self.max_new_tokens = max_new_tokens
         self.prompt_version = prompt_version(lang, n_shots)
         self.stats = dict(records=0, sent=0, cache_hits=0, excluded=0, unparsed=0, failed_calls=0, rejected_fields=0,

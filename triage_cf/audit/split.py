@@ -111,15 +111,8 @@ def figure5_distributions(records: pd.DataFrame, title: str | None = None, min_c
                 ax.text(i, 0, h, ha="center", va="bottom", fontsize=8)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     lv = records["triage_level"].astype("Int64").astype("string").fillna("missing")
-    order = [str(x) for x in sorted(records["triage_level"].dropna().astype(int).unique())] + (["missing"]
-
-
-
-
-
-
-
-                                                                                                                           if (lv == "missing").any() else [])
+    missing = ["missing"] if (lv == "missing").any() else []
+    order = [str(x) for x in sorted(records["triage_level"].dropna().astype(int).unique())] + missing
     bars(axes[0], order, lv.value_counts().reindex(order, fill_value=0).to_numpy(), "#4c72b0")
     axes[0].set(xlabel="triage level", ylabel="visits", title="Triage level")
     counts, edges = np.histogram(records["age"].dropna().to_numpy(), bins=np.arange(0, 111, 5))
