@@ -33,6 +33,8 @@ from tqdm.auto import tqdm
 from ..core import VIEWS, atomic_write_bytes, file_sha256, seed_everything, sha256_text, write_json
 from .emulator import prompt_fields, proba_frame, render_patient
 from .emulator import epoch_batches
+from .null_control import null_training_seed
+from ..synth import oracle_proba
 
 # %% auto #0
 __all__ = ['TABLE2_COLUMNS', 'RF_GRID', 'MINILM_PACKAGE', 'FS_PAPER', 'FS_SMOKE', 'FS_DEFAULT', 'FS_PROFILES', 'FS_SPECIALS',
@@ -40,7 +42,9 @@ __all__ = ['TABLE2_COLUMNS', 'RF_GRID', 'MINILM_PACKAGE', 'FS_PAPER', 'FS_SMOKE'
            'confusion_figure', 'count_parameters', 'proba_by_level', 'predict_levels', 'view_predictions',
            'save_sklearn', 'load_sklearn', 'stratified_rows', 'fit_rf_tfidf', 'minilm_path', 'SentenceEncoder',
            'fit_mlp', 'fs_settings', 'train_bpe_tokenizer', 'fs_config', 'pretrain_mlm', 'fs_classifier_from_mlm',
-           'finetune_fs', 'FSModel', 'load_fs', 'train_fs', 'fs_predict_proba']
+           'finetune_fs', 'FSModel', 'load_fs', 'train_fs', 'fs_predict_proba', 'role_records',
+           'baseline_train_records', 'fit_rf_baseline', 'null_baseline_jobs', 'fit_null_baseline',
+           'oracle_test_predictions', 'table2_row']
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #a8352784
 def record_texts(records: pd.DataFrame, view: str = "full", lang: str = "en", fields: Sequence[str] | None = None,
@@ -787,3 +791,80 @@ def fs_predict_proba(model: FSModel | str | Path, texts: Sequence[str], batch_si
         return np.zeros((0, len(m.levels)))
     with torch_threads(threads):
         return _proba(m.model, seqs, m.tokenizer.pad_token_id, batch_size)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70002
+def role_records(cohort: pd.DataFrame, roles: pd.DataFrame, role: str) -> pd.DataFrame:
+    "The cohort records of Table 2's `role` ('train' | 'test'; stage 03_split's `table2_records.parquet`), in its order."
+    return cohort.loc[roles.loc[roles["role"] == role, "record_id"]].reset_index(drop=True)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70003
+def baseline_train_records(cohort: pd.DataFrame, roles: pd.DataFrame, split: pd.DataFrame, train_n: int | str | None,
+                           seed: int) -> pd.DataFrame:
+    """The baselines' training records: the FT model's own (`train_n == "ft"`), else the split's training records
+    (by record_id), a stratified subsample of `train_n` of them by triage level (None: all)."""
+    if train_n == "ft":
+        return role_records(cohort, roles, "train")
+    train = cohort.loc[sorted(split.loc[split["split"] == "train", "record_id"])].reset_index(drop=True)
+    return train.iloc[stratified_rows(train["triage_level"], train_n, seed)].reset_index(drop=True)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70005
+def fit_rf_baseline(texts: Sequence[str], labels: Sequence[int], levels: Sequence[int], seed: int = 42,
+                    max_samples: int | None = None, tune_texts: Sequence[str] | None = None):
+    """(RF, search report, fit report): with `tune_texts` (the tuning copy of the same records), the hyperparameters
+    are searched there and fixed for the fit on `texts`; else searched on `texts` (one report for both)."""
+    if tune_texts is None:
+        rf, search = fit_rf_tfidf(texts, labels, levels, seed=seed, max_samples=max_samples)
+        return rf, search, search
+    _, search = fit_rf_tfidf(tune_texts, labels, levels, seed=seed)
+    rf, report = fit_rf_tfidf(texts, labels, levels, seed=seed, fixed_params=search["best_params"],
+                              max_samples=max_samples)
+    return rf, search, report
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70007
+def null_baseline_jobs(k_of: Mapping[str, int], seed: int, shared_seed: bool = False) -> list[tuple]:
+    """(s, name suffix, training seed, models) per null seed `s`: the baselines (FS, RF, MLP, in that order) with more
+    than `s` null emulators (`k_of`: K per model); the training seed is the real model's where `shared_seed`."""
+    jobs = []
+    for s in range(max([k_of.get(m, 0) for m in ("FS", "RF", "MLP")], default=0)):
+        models = [m for m in ("FS", "RF", "MLP") if k_of.get(m, 0) > s]
+        jobs.append((s, "" if s == 0 else str(s), seed if shared_seed else null_training_seed(seed, s), models))
+    return jobs
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70009
+def fit_null_baseline(model: str, texts: Sequence[str], labels: np.ndarray, levels: Sequence[int], seed: int,
+                      out_dir: Path, fs_rows: np.ndarray, fs_profile: str, rf_params: Mapping,
+                      max_samples: int | None, encoder, threads: int = 1) -> int:
+    """Train one null emulator of baseline `model` on its permuted records' `texts` (FS: the real FS's rows `fs_rows`;
+    RF: the real RF's hyperparameters `rf_params`; MLP: the same encoder) into `out_dir`; returns its training size."""
+    if model == "FS":
+        train_fs([texts[i] for i in fs_rows], labels[fs_rows], levels, out_dir, fs_profile, seed=seed, threads=threads)
+        return len(fs_rows)
+    if model == "RF":
+        with torch_threads(threads):
+            rf, _ = fit_rf_tfidf(texts, labels, levels, seed=seed, fixed_params=rf_params, max_samples=max_samples)
+        save_sklearn(rf, out_dir / "rf.joblib")
+    else:
+        mlp, _ = fit_mlp(encoder.encode(texts), labels, levels, seed=seed)
+        save_sklearn(mlp, out_dir / "mlp.joblib")
+    return len(texts)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70010
+def oracle_test_predictions(test: pd.DataFrame, lang: str, synth: Mapping, levels: Sequence[int]) -> pd.DataFrame:
+    """The planted labelling process's probabilities of the test records (full view, renormalised over `levels`), in
+    the format of `view_predictions`: the reference of a synthetic cohort (`synth`: its knobs; n_records aside)."""
+    knobs = {k: v for k, v in synth.items() if k != "n_records"}
+    p = oracle_proba(test, lang, **knobs)[:, [l - 1 for l in levels]]
+    y = test["triage_level"].astype(int).to_numpy()
+    return pd.concat([test[["record_id"]].reset_index(drop=True).assign(view="full", triage_level=y),
+                      proba_frame(p / p.sum(1, keepdims=True), levels)], axis=1)
+
+# %% ../../nbs/1_audit/03_baselines.ipynb #b5a70011
+def table2_row(name: str, pred: pd.DataFrame, record_ids: Sequence[str], y_test: np.ndarray, levels: Sequence[int],
+               parameters: int | None = None, **extra) -> dict:
+    """A Table 2 row: `evaluate_predictions` of the model's full-view predictions of the test records `record_ids`
+    (refused when they are not on those records), with its name, size and `extra` columns (e.g. n_train)."""
+    full = pred[pred["view"] == "full"].set_index("record_id").loc[list(record_ids)]
+    if not (full["triage_level"].to_numpy() == y_test).all():
+        raise ValueError(f"{name}: its test predictions are not on the Table 2 test records")
+    return {"model": name, "parameters": parameters,
+            **evaluate_predictions(y_test, full["pred"].to_numpy(), levels), **extra}
