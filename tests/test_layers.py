@@ -300,8 +300,10 @@ PART_FOLDERS = {"shared": "0_shared", "audit": "1_audit", "margins": "2_margins"
 #: The line budget of a stage notebook: code lines (blank and comment-only lines not counted) in all its code cells, and
 #: in any one of them. A stage notebook holds its parameters, calls into the library and the stage's outputs; the
 #: method (functions, classes, their tests) is in the part's library chapters.
-STAGE_CODE_LINES = 150
-STAGE_CELL_LINES = 60
+#: (150 and 60 before the stages' decisions moved into the chapters: model and null discovery, level tests, the
+#: baselines' training records and nulls, the recovery study's truths and power.)
+STAGE_CODE_LINES = 125
+STAGE_CELL_LINES = 40
 #: Functions still defined in a stage notebook, with the reason; each is a debt (move it into the part's library).
 STAGE_DEFINITIONS: dict[tuple[str, str], str] = {}
 

@@ -42,8 +42,9 @@ __all__ = ['KNOB_SETS', 'VIEW_KNOBS', 'COVERAGE_METRICS', 'GRID_COLUMNS', 'RECOV
            'RESULT_VERSION', 'MLP', 'LLM_SETTINGS', 'MLP_SETTINGS', 'TABLE_COLUMNS', 'condition_grid', 'expected_move',
            'add_checks', 'recovery_class', 'classify_recovery', 'coverage_table', 'recovery_summary',
            'recovery_classes', 'emulator_model', 'RecoverySettings', 'synth_knobs', 'condition_cohort', 'oracle_knobs',
-           'planted_truth', 'knob_standard_errors', 'result_path', 'condition_data', 'run_condition', 'run_grid',
-           'load_results', 'recovery_table', 'condition_label', 'figure_recovery', 'recovery_class_grid']
+           'planted_truth', 'knob_standard_errors', 'planted_truths', 'recovery_power', 'result_path', 'condition_data',
+           'run_condition', 'run_grid', 'load_results', 'recovery_table', 'condition_label', 'figure_recovery',
+           'recovery_class_grid']
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #fb001768
 #: Which knobs a knob set plants (the others are 0).
@@ -402,6 +403,30 @@ def knob_standard_errors(records: pd.DataFrame, lang: str, knobs: Mapping, n: in
         per_visit = float((info * (z - zbar) ** 2).mean())
         rows.append(dict(knob=knob, share_exposed=float(z.mean()), info_per_visit=per_visit, n=int(n),
                          se=1 / math.sqrt(n * per_visit) if per_visit > 0 else float("inf")))
+    return pd.DataFrame(rows)
+
+# %% ../../nbs/1_audit/10_recovery.ipynb #d7c90002
+def planted_truths(grid: pd.DataFrame, settings: RecoverySettings, out_dir: Path, n_records: int,
+                   truth_seed: int) -> pd.DataFrame:
+    "`planted_truth` of every distinct (bias_tab, bias_text) of `grid`, each cached as a parquet file in `out_dir`."
+    parts = []
+    for r in grid.drop_duplicates(["bias_tab", "bias_text"]).itertuples():
+        f = Path(out_dir) / f"truth_{settings.key(r.bias_tab, r.bias_text, truth_seed)}_{n_records}.parquet"
+        if not f.exists():
+            write_parquet(planted_truth(settings, r.bias_tab, r.bias_text, n_records, truth_seed), f)
+        parts.append(read_parquet(f).assign(bias_tab=r.bias_tab, bias_text=r.bias_text))
+    return pd.concat(parts, ignore_index=True)
+
+# %% ../../nbs/1_audit/10_recovery.ipynb #d7c90003
+def recovery_power(grid: pd.DataFrame, se: pd.DataFrame) -> pd.DataFrame:
+    """Per planted condition and knob: the planted value, the ideal learner's SE at its training size (`se`: from
+    `knob_standard_errors`, indexed by knob), z = planted / SE and the training size for z = 2.8."""
+    rows = []
+    for r in grid[grid.knob != "none"].drop_duplicates("condition").itertuples():
+        for k in KNOB_SETS[r.knob]:
+            b, s, n = getattr(r, k), se.loc[k, "se"], se.loc[k, "n"]
+            rows.append(dict(condition=r.condition, knob=k, planted=b, n_train=int(n), ideal_se=s, ideal_z=b / s,
+                             n_for_z_2_8=math.ceil((2.8 * s / b) ** 2 * n)))
     return pd.DataFrame(rows)
 
 # %% ../../nbs/1_audit/10_recovery.ipynb #574b26c7
