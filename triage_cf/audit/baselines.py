@@ -794,7 +794,7 @@ def fs_predict_proba(model: FSModel | str | Path, texts: Sequence[str], batch_si
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #b5a70002
 def role_records(cohort: pd.DataFrame, roles: pd.DataFrame, role: str) -> pd.DataFrame:
-    "The cohort records of Table 2's `role` ('train' | 'test'; stage 03_split's `table2_records.parquet`), in its order."
+    "The cohort records of Table 2's `role` ('train' | 'test'; stage 03_split's `table2_records.parquet`), in order."
     return cohort.loc[roles.loc[roles["role"] == role, "record_id"]].reset_index(drop=True)
 
 # %% ../../nbs/1_audit/03_baselines.ipynb #b5a70003
