@@ -1,38 +1,70 @@
-"""The docs site reads like nbdev's and needs no network: formulas are typeset at build time (inline SVG), export cells
-show their functions' signatures and docstrings, hidden cells are left out, notebook links point to pages."""
-import base64
+"""The docs site reads like nbdev's and needs no network: formulas are typeset at build time (MathML, which browsers
+render natively), export cells show their functions' signatures and docstrings, hidden cells are left out, notebook
+links point to pages. The metrics chapter's page is rendered in headless Chromium (Debian's `chromium`)."""
+import contextlib
+import html
+import io
+import json
 import re
+import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
 import pytest
 
-pytest.importorskip("matplotlib")
 pytest.importorskip("nbconvert")
 
 from triage_cf import docs  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
 
-def _svg(img: str) -> bytes:
-    return base64.b64decode(re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', img).group(1))
+
+def _clear_math_log():
+    for outcome in docs.MATH_LOG.values():
+        outcome.clear()
 
 
-def test_formulas_are_typeset_outside_code_only():
+def test_formulas_are_typeset_as_mathml_outside_code_only():
     md = "The rate $\\mathrm{PDR} = P(y' \\ne y)$, `cost $5 and $6` in code, and\n$$P^{\\uparrow}_{M\\to F}$$ shown."
     out = docs.typeset_math(md)
-    assert out.count('class="math"') == 2 and '<div class="math-display">' in out
+    assert out.count("<math ") == 2 and out.count('display="block"') == 1
+    assert "$" not in out.replace("`cost $5 and $6`", "")
     assert "`cost $5 and $6`" in out                                  # code spans untouched
-    assert 'alt="\\mathrm{PDR} = P(y&#x27; \\ne y)"' in out           # the LaTeX stays as alt text
-    svg = _svg(out)
-    assert svg.startswith(b"<?xml") and b"<path" in svg and b"<metadata>" not in svg   # glyphs as paths, no date
-    assert docs.math_img("x_1") == docs.math_img("x_1")              # same formula, same bytes
+    assert 'alttext="\\mathrm{PDR} = P(y&#x27; \\ne y)"' in out        # the LaTeX stays as alt text
+    assert "<mo>&#x02260;</mo>" in out and "\n" not in re.search(r"<math .*?</math>", out, re.S).group()
+    assert docs.mathml("x_1") == docs.mathml("x_1")                  # same formula, same bytes
 
 
-def test_a_formula_mathtext_cannot_parse_is_shown_as_source_and_counted():
-    docs.MATH_FAILURES.clear()
-    out = docs.typeset_math("see $\\begin{aligned}a\\end{aligned}$ here")
-    assert out == "see `\\begin{aligned}a\\end{aligned}` here" and docs.MATH_FAILURES == ["\\begin{aligned}a\\end{aligned}"]
-    assert docs.math_img("\\Phi\\big(z\\big)") is not None           # sizing commands are dropped, not failures
+def test_a_formula_latex2mathml_cannot_read_is_shown_as_source_and_counted():
+    _clear_math_log()
+    out = docs.typeset_math("see $\\left( a$ and $\\foo{x}$ here, $y$ typeset")
+    assert out.startswith("see `\\left( a` and `\\foo{x}` here, <math ")
+    assert docs.MATH_LOG == {"untypeset": ["\\left( a", "\\foo{x}"], "typeset": ["y"]}
+    assert docs.math_report().startswith("docs: 2 formula(s) left as LaTeX source (untypeset), 1 typeset as MathML: ")
+
+
+def test_the_latex_the_notebooks_use_is_normalised_where_latex2mathml_misreads_it():
+    assert docs.normalise_tex("\\operatorname{logit} P(Y \\le k)") == "\\mathrm{logit}\\, P(Y \\le k)"
+    assert docs.normalise_tex("\\arg\\max_y\n  p_y") == "\\mathrm{arg}\\,\\max_y p_y"
+    for tex in ["\\operatorname{logit} P", "\\hat y = \\arg\\max_y p_y", "P(y \\mid x)", "\\Phi\\big(z\\big)",
+                "\\tfrac12", "\\text{(clinical acuity)}", "\\Lambda\\!\\left(\\frac{c_k - \\mu(x)}{\\sigma}\\right)",
+                "C=\\begin{pmatrix}1&1\\\\0&1\\end{pmatrix}", "\\#\\{k : s > c_k\\}", "\\bar\\theta \\pm z"]:
+        out = docs.mathml(tex)
+        assert out is not None and "\\" not in html.unescape(re.sub(r"<[^>]+>", "", out)), tex
+    # styled letters Chromium would draw plain (it ignores mathvariant) are written in Unicode's math alphabets
+    assert "<mi>ℒ</mi>" in docs.mathml("\\mathcal L(\\theta)") and "<mn>𝟙</mn>" in docs.mathml("\\mathbb{1}[x]")
+    assert "mathvariant=\"script\"" not in docs.mathml("\\mathcal L")
+
+
+def test_every_formula_of_the_notebooks_is_typeset():
+    "Formulas are in markdown cells and docstrings, so the unexecuted notebooks hold them all: none is left as source."
+    _clear_math_log()
+    for name in docs.notebook_names(REPO / "nbs"):
+        docs.docs_notebook(nbformat.read(REPO / "nbs" / f"{name}.ipynb", as_version=4))
+    assert docs.MATH_LOG["untypeset"] == [], docs.math_report()
+    assert len(docs.MATH_LOG["typeset"]) > 500
 
 
 def test_show_doc_gives_signature_and_docstring_of_public_objects():
@@ -44,6 +76,8 @@ def test_show_doc_gives_signature_and_docstring_of_public_objects():
     assert "_hidden" not in md
     assert "### Box" in md and "class Box: Box(n: int)" in md and "#### size" in md and "Its size." in md
     assert docs.show_doc_markdown("x = 1\n") is None
+    # a non-raw docstring of the sources doubles a formula's backslashes: its value, which show_doc uses, has one
+    assert "$\\mathrm{PDR}$" in docs.show_doc_markdown('def g():\n    "The $\\\\mathrm{PDR}$."\n')
 
 
 def test_page_hides_hidden_cells_documents_exports_and_loads_nothing_remote():
@@ -51,12 +85,15 @@ def test_page_hides_hidden_cells_documents_exports_and_loads_nothing_remote():
     nb.cells = [nbformat.v4.new_markdown_cell("# t\n\nSee [core](0_shared/00_core.ipynb) and $\\mathcal{I}$."),
                 nbformat.v4.new_code_cell("#| default_exp t"),
                 nbformat.v4.new_code_cell("#| hide\nfrom fastcore.test import test_eq"),
-                nbformat.v4.new_code_cell('#| export\ndef g(a) -> int:\n    "The $g$ of `a`."\n    return 1'),
-                nbformat.v4.new_code_cell("g(2)")]
+                nbformat.v4.new_code_cell('#| export\ndef g(a) -> int:\n    "The $g_{*}$ of `a`, *not* $a^*$."\n'
+                                          '    return 1'),
+                nbformat.v4.new_code_cell("g(2)", outputs=[nbformat.v4.new_output(   # Markdown(...) in a cell
+                    "display_data", data={"text/markdown": "is $g_2$", "text/plain": "<Markdown>"})])]
     page = docs.page_html(nb, "<nav class='docs-nav'>NAV</nav>")
     assert "fastcore" not in page and "default_exp" not in page and "#| export" not in page
     text = re.sub(r"<[^>]+>", "", page)
-    assert 'class="show-doc"' in page and "def g(a) -&gt; int" in text and page.count('class="math"') == 2
+    assert 'class="show-doc"' in page and "def g(a) -&gt; int" in text and page.count("<math ") == 4
+    assert "<em>not</em>" in page and page.count("<em>") == 1       # markdown's emphasis, none inside the MathML
     assert 'href="0_shared/00_core.html"' in page and ".ipynb" not in page
     assert not re.findall(r'<script[^>]*src="https?://', page) and "mathjax" not in page.lower()
     assert re.search(r"<body[^>]*><nav class='docs-nav'>NAV</nav>", page)
@@ -93,3 +130,75 @@ def test_the_readme_is_generated_from_the_front_door_notebook():
     md = docs.readme_markdown(nb)
     assert md.splitlines()[0] == docs.README_HEADER and "[metrics](nbs/1_audit/08_metrics.ipynb)" in md
     assert "[a](#a)" in md and "(https://x.org/y.ipynb)" in md and "import os" not in md and "```python\nprint(1)\n```" in md
+
+
+#: Run in the page by Chromium: the layout of its formulas, as JSON in the body's `data-probe` attribute. A `<math>`
+#: element the browser does not lay out as mathematics is an unknown inline element: a fraction's numerator would sit
+#: beside its denominator, a subscript on its base's baseline.
+_PROBE = """<script>
+const box = e => e.getBoundingClientRect();
+const maths = [...document.querySelectorAll("math")], fracs = [...document.querySelectorAll("mfrac")];
+const subs = [...document.querySelectorAll("msub")], sups = [...document.querySelectorAll("msup")];
+document.body.setAttribute("data-probe", JSON.stringify({
+  math: maths.length, mathml: maths.filter(m => m instanceof MathMLElement).length,
+  empty: maths.filter(m => box(m).width < 1 || box(m).height < 1).length,
+  fracs: fracs.length, stacked: fracs.filter(f => box(f.children[0]).bottom <= box(f.children[1]).top + 1).length,
+  subs: subs.length, lowered: subs.filter(s => box(s.children[1]).bottom > box(s.children[0]).bottom + 1).length,
+  sups: sups.length, raised: sups.filter(s => box(s.children[1]).top < box(s.children[0]).top - 1).length}));
+</script>"""
+
+
+def chromium(profile: Path, *args: str) -> str:
+    "Headless Chromium (as root it needs --no-sandbox), nothing fetched from the network; its stdout."
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=True).stdout
+
+
+class _Text(HTMLParser):
+    "The text of a page, split into what is in `<math>` elements and the prose (code, scripts and styles left out)."
+    SKIP = {"script", "style", "pre", "code"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.math, self.prose = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.stack:
+            del self.stack[len(self.stack) - 1 - self.stack[::-1].index(tag):]
+
+    def handle_data(self, data):
+        if self.SKIP & set(self.stack):
+            return
+        (self.math if "math" in self.stack else self.prose).append(data)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (Debian: apt-get install -y chromium)")
+def test_the_metrics_page_renders_its_formulas_in_chromium(tmp_path, monkeypatch):
+    """The metrics chapter (most of the compendium's formulas) built as `make docs` builds it (executed: its markdown
+    outputs have formulas too), then laid out by headless Chromium: every formula as mathematics, no LaTeX left."""
+    monkeypatch.setenv("TRIAGE_CF_RUNS", str(tmp_path / "runs"))        # the execution's synthetic runs
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        docs.build_site(tmp_path / "site", notebooks=["1_audit/08_metrics"])
+    assert re.search(r"^docs: 0 formula\(s\) left as LaTeX source \(untypeset\), \d+ typeset", out.getvalue(), re.M), \
+        out.getvalue()
+    page = (tmp_path / "site" / "1_audit" / "08_metrics.html").read_text(encoding="utf-8")
+    probed = tmp_path / "site" / "1_audit" / "probed.html"
+    probed.write_text(page.replace("</body>", _PROBE + "</body>"), encoding="utf-8")
+    dom = chromium(tmp_path / "profile", "--dump-dom", probed.as_uri())
+    probe = json.loads(html.unescape(re.search(r'data-probe="([^"]*)"', dom).group(1)))
+    n = page.count("<math ")
+    assert n > 150 and probe["math"] == probe["mathml"] == n and probe["empty"] == 0, probe
+    assert probe["fracs"] >= 1 and probe["stacked"] == probe["fracs"], probe
+    assert probe["subs"] > 20 and probe["lowered"] == probe["subs"], probe
+    assert probe["sups"] > 5 and probe["raised"] == probe["sups"], probe
+    text = _Text()
+    text.feed(dom)
+    prose, math = " ".join(text.prose), " ".join(text.math)
+    assert not re.findall(r"\\[a-zA-Z]+|\$[^$\s][^$]*\$", prose), "LaTeX left in the page's text"
+    assert "\\" not in math and "&" not in math and "$" not in math, "LaTeX or character references in formulas"

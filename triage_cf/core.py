@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-# Nothing is ever fetched from a model hub at run time (offline by design; see README "Data protection").
+# Nothing is ever fetched from a model hub at run time (offline by design; see docs_src/data.md, "Data protection").
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
