@@ -20,6 +20,13 @@ from .rewrite_llm import default_rewrite_cache, make_rewriter, swap_text, swap_t
 # %% auto #0
 __all__ = ['detect_sentence', 'register']
 
+# %% ../../nbs/1_audit/15_cli.ipynb #a1c00050
+def _print_written(written: dict) -> int:
+    "Print each written output as `name: path`, one per line; the command's exit code (0)."
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
+
 # %% ../../nbs/1_audit/15_cli.ipynb #a1c00005
 def _cmd_metrics(args) -> int:
     try:
@@ -30,9 +37,7 @@ def _cmd_metrics(args) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for name, path in written.items():
-        print(f"{name}: {path}")
-    return 0
+    return _print_written(written)
 
 # %% ../../nbs/1_audit/15_cli.ipynb #a1c00023
 def _add_metrics(sub) -> None:
@@ -217,9 +222,7 @@ def _cmd_compare(args) -> int:
     except CannotCompare as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for kind, path in written.items():
-        print(f"{kind}: {path}")
-    return 0
+    return _print_written(written)
 
 # %% ../../nbs/1_audit/15_cli.ipynb #a1c00042
 def _add_compare(sub) -> None:
