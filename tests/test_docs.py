@@ -132,6 +132,47 @@ def test_the_readme_is_generated_from_the_front_door_notebook():
     assert "[a](#a)" in md and "(https://x.org/y.ipynb)" in md and "import os" not in md and "```python\nprint(1)\n```" in md
 
 
+
+class _Links(HTMLParser):
+    "The targets a page links to or loads (`a`/`link` href, `img`/`script` src) and the anchors it has (ids)."
+    def __init__(self):
+        super().__init__()
+        self.targets, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.ids.update(v for k, v in a.items() if k == "id" or (tag == "a" and k == "name"))
+        self.targets += [a[k] for k in ("href", "src") if tag in ("a", "link", "img", "script") and a.get(k)]
+
+
+def test_every_link_of_the_site_leads_to_a_page_and_its_anchor(tmp_path, capsys):
+    """The whole site, built as saved (no execution: the links are in the prose and the docstrings): every relative link
+    of every page (chapters, stages, the front door, the guides of docs_src/) leads to a file of the site, and every
+    anchor it names exists there. A link from the front door to a guide, or from a guide to a chapter, that works in
+    JupyterLab or on GitHub but not in the site fails here."""
+    docs.build_site(tmp_path / "site", execute=False)
+    assert "docs: 0 formula(s) left as LaTeX source (untypeset)" in capsys.readouterr().out
+    pages = {}
+    for f in (tmp_path / "site").rglob("*.html"):
+        pages[f.resolve()] = _Links()
+        pages[f.resolve()].feed(f.read_text(encoding="utf-8"))
+    guides = {p.stem for p in (tmp_path / "site" / "docs_src").glob("*.html")}
+    assert guides == {p.stem for p in (REPO / "docs_src").glob("*.md")}
+    assert len(pages) == len(docs.notebook_names(REPO / "nbs")) + len(guides)
+    broken, links = [], 0
+    for f, page in pages.items():
+        for target in page.targets:
+            if re.match(r"[a-z]+:|//", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (f.parent / path).resolve() if path else f
+            links += 1
+            if not linked.exists() or (anchor and linked in pages and anchor not in pages[linked].ids):
+                broken.append(f"{f.relative_to((tmp_path / 'site').resolve())}: {target}")
+    assert links > 1000 and broken == [], broken
+    front = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert 'href="docs_src/chain.html"' in front and ".md\"" not in front
+
 #: Run in the page by Chromium: the layout of its formulas, as JSON in the body's `data-probe` attribute. A `<math>`
 #: element the browser does not lay out as mathematics is an unknown inline element: a fraction's numerator would sit
 #: beside its denominator, a subscript on its base's baseline.

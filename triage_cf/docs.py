@@ -11,6 +11,7 @@ import copy
 import html
 import json
 import os
+import posixpath
 import re
 import shutil
 import sys
@@ -27,7 +28,7 @@ from .data import load_manifest
 __all__ = ['PART_TITLES', 'TEX_REWRITES', 'MATH_LOG', 'README_HEADER', 'notebook_names', 'check_run_is_public',
            'check_notebook_is_public', 'normalise_tex', 'unicode_variants', 'markdown_safe', 'mathml', 'typeset_math',
            'math_report', 'show_doc_markdown', 'docs_notebook', 'page_html', 'readme_markdown', 'write_readme',
-           'build_site', 'main']
+           'guide_names', 'guide_html', 'build_site', 'main']
 
 # %% ../nbs/0_shared/08_docs.ipynb #29891820
 _STYLE = """<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:1em auto;padding:0 1em}
@@ -43,9 +44,11 @@ _PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</titl
 </head><body>{nav}{body}</body></html>"""
 
 # %% ../nbs/0_shared/08_docs.ipynb #2975a4ac
-#: The parts of the compendium, in the order of nbs/'s folders, as the site's navigation groups them.
+#: The parts of the compendium, in the order of nbs/'s folders, then the guides (docs_src/), as the site's
+#: navigation groups them.
 PART_TITLES = {"0_shared": "shared library", "1_audit": "human-triage audit (the paper)",
-               "2_margins": "margin probes (YentlGuard)", "3_tbias": "transgender-bias probes (Hirsch et al.)"}
+               "2_margins": "margin probes (YentlGuard)", "3_tbias": "transgender-bias probes (Hirsch et al.)",
+               "docs_src": "guides"}
 
 # %% ../nbs/0_shared/08_docs.ipynb #5061ba49
 def notebook_names(nbs: Path) -> list[str]:
@@ -58,7 +61,7 @@ def notebook_names(nbs: Path) -> list[str]:
 # %% ../nbs/0_shared/08_docs.ipynb #f7095087
 def _nav(pages: list[tuple[str, str]], depth: int = 0) -> str:
     """The navigation bar of a page `depth` folders below the site's root: README, then each part's chapters and
-    stages (`pages`: (notebook name or report title, href from the root))."""
+    stages, then the guides (`pages`: (notebook name or report title, href from the root))."""
     up = "../" * depth
     groups: dict[str, list[str]] = {}
     for name, href in pages:
@@ -338,6 +341,17 @@ _REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</sc
 #: A link to a notebook in the HTML (`href="../0_shared/04_rewrite.ipynb#the-terms"`).
 _NB_LINK = re.compile(r'href="([\w./-]+)\.ipynb(#[^"]*)?"')
 
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e01
+#: A link from a notebook to a guide (`href="../../docs_src/chain.md#profiles"` from a chapter, `../docs_src/...` from
+#: the front door): the site puts the guides in its `docs_src/` beside the parts, one folder up less than nbs/ is.
+_GUIDE_LINK = re.compile(r'href="\.\./((?:\.\./)*)docs_src/([\w-]+)\.md(#[^"]*)?"')
+
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e02
+def _page_links(body: str) -> str:
+    "The HTML of a notebook's page with its links to notebooks and to guides turned into links to their pages."
+    body = _NB_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+    return _GUIDE_LINK.sub(lambda m: f'href="{m.group(1)}docs_src/{m.group(2)}.html{m.group(3) or ""}"', body)
+
 # %% ../nbs/0_shared/08_docs.ipynb #da7f916c
 def _insert_nav(page: str, nav: str) -> str:
     m = re.search(r"<body[^>]*>", page)
@@ -345,17 +359,23 @@ def _insert_nav(page: str, nav: str) -> str:
 
 # %% ../nbs/0_shared/08_docs.ipynb #840132cb
 def page_html(nb, nav: str = "") -> str:
-    """The HTML page of a notebook: nbconvert's lab template without its MathJax loader, notebook links to pages,
-    `nav` on top."""
+    """The HTML page of a notebook: nbconvert's lab template without its MathJax loader, links to notebooks and
+    guides made links to their pages, `nav` on top."""
     from nbconvert import HTMLExporter
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(docs_notebook(nb))
     body = _REMOTE_SCRIPT.sub("", _MATHJAX.sub("", body))
-    body = _NB_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+    body = _page_links(body)
     return _insert_nav(body.replace("</head>", _STYLE + "\n</head>", 1), nav)
 
 # %% ../nbs/0_shared/08_docs.ipynb #be8a4bad
-#: A markdown link to a notebook by a relative path (not a URL, not an anchor of the same page).
-_MD_NB_LINK = re.compile(r"\]\(((?![a-z]+:|#|/)[\w./-]+\.ipynb(?:#[^)]*)?)\)")
+#: A markdown link by a relative path (not a URL, not an anchor of the same page, not from the root):
+#: (path, anchor).
+_MD_REL_LINK = re.compile(r"\]\(((?![a-z]+:|#|/)[\w./-]+)(#[^)]*)?\)")
+
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e04
+def _rebase(path: str, prefix: str) -> str:
+    "`path`, relative to nbs/, made relative to the folder from which nbs/ is `prefix` (`nbs/`, or `` to keep it)."
+    return posixpath.normpath(prefix + path) if prefix else path
 
 # %% ../nbs/0_shared/08_docs.ipynb #4379aade
 #: The first line of the generated README.
@@ -366,8 +386,8 @@ README_HEADER = ("<!-- Generated from nbs/index.ipynb by `make readme` (python -
 def readme_markdown(nb, nbs_prefix: str = "nbs/") -> str:
     """The repository's README.md from the front-door notebook `nb` (`nbs/index.ipynb`, settings.ini's `readme_nb`):
     its markdown cells, and its code cells that are not hidden (as fenced Python, without their directives), with
-    links to notebooks made relative to the repository's root. Formulas stay `$...$` (GitHub renders them). It
-    replaces `nbdev_readme`, which needs Quarto (not installable on these machines)."""
+    relative links made relative to the repository's root (`nbs_prefix`: where nbs/ is from there). Formulas stay
+    `$...$` (GitHub renders them). It replaces `nbdev_readme`, which needs Quarto (not installable here)."""
     parts = [README_HEADER]
     for cell in nb.cells:
         src = cell.source.strip("\n")
@@ -381,7 +401,7 @@ def readme_markdown(nb, nbs_prefix: str = "nbs/") -> str:
             text = src
         else:
             continue
-        parts.append(_MD_NB_LINK.sub(lambda m: f"]({nbs_prefix}{m.group(1)})", text))
+        parts.append(_MD_REL_LINK.sub(lambda m: f"]({_rebase(m.group(1), nbs_prefix)}{m.group(2) or ''})", text))
     return "\n\n".join(parts) + "\n"
 
 # %% ../nbs/0_shared/08_docs.ipynb #5a6ae5c3
@@ -419,15 +439,44 @@ def _front_page(root: Path, out: Path, nav: str) -> None:
     "The landing page of a partial build: the front door (the README), unexecuted."
     import nbformat
     front = readme_markdown(nbformat.read(root / "nbs" / "index.ipynb", as_version=4), nbs_prefix="")
-    body = _NB_LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', _md_to_html(front))
+    body = _page_links(_md_to_html(front))
     atomic_write_text(out / "index.html", _PAGE.format(title="triage_cf", style=_STYLE, nav=nav, body=body))
+
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e07
+#: A link in a guide (relative to docs_src/) to a notebook, to the README or to another guide, and its page's link.
+_GUIDE_HREFS = [(re.compile(r'href="\.\./nbs/([\w./-]+)\.ipynb(#[^"]*)?"'), r'href="../\1.html\2"'),
+                (re.compile(r'href="\.\./README\.md(#[^"]*)?"'), r'href="../index.html\1"'),
+                (re.compile(r'href="([\w-]+)\.md(#[^"]*)?"'), r'href="\1.html\2"')]
+
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e08
+def guide_names(root: Path) -> list[str]:
+    "The guides (`docs_src/*.md` under `root`) as the site names them: `docs_src/chain`, ..., in file order."
+    return [f"docs_src/{p.stem}" for p in sorted((Path(root) / "docs_src").glob("*.md"))]
+
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e09
+def guide_html(text: str, nav: str = "") -> str:
+    "The page of a guide (its markdown `text`): formulas typeset, links made links to the site's pages, `nav` on top."
+    body = _md_to_html(text)
+    for pattern, page_link in _GUIDE_HREFS:
+        body = pattern.sub(page_link, body)
+    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), "triage_cf")
+    return _PAGE.format(title=html.escape(title), style=_STYLE, nav=nav, body=body)
+
+# %% ../nbs/0_shared/08_docs.ipynb #a7c31e11
+def _write_guides(root: Path, out: Path, pages: list[tuple[str, str]]) -> None:
+    "Write the page of every guide of `root` under `out`, with the navigation bar of `pages`."
+    for name in guide_names(root):
+        target = out / f"{name}.html"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, guide_html((root / f"{name}.md").read_text(encoding="utf-8"), _nav(pages, 1)))
 
 # %% ../nbs/0_shared/08_docs.ipynb #e260767f
 def build_site(out: Path | None = None, runs: list[Path] | None = None, notebooks: list[str] | None = None,
                execute: bool = True) -> Path:
     """The site under `out` (default `_docs/`): a page per notebook (`notebooks`: names under nbs/ without `.ipynb`;
-    default all), executed first unless `execute` is False, and each run folder's report (`runs`). Refuses what is not
-    public (PermissionError) before any work; prints `math_report()`. Returns the landing page's path."""
+    default all), executed first unless `execute` is False, a page per guide (docs_src/), and each run folder's
+    report (`runs`). Refuses what is not public (PermissionError) before any work; prints `math_report()`. Returns
+    the landing page's path."""
     import nbformat
     root = repo_root()
     out = Path(out or root / "_docs")
@@ -438,7 +487,7 @@ def build_site(out: Path | None = None, runs: list[Path] | None = None, notebook
     out.mkdir(parents=True, exist_ok=True)
     work = root / ".cache" / "docs" / "executed"  # executions and their synthetic runs: outside the site (gitignored)
     os.environ.setdefault("TRIAGE_CF_RUNS", str(root / ".cache" / "docs" / "runs"))
-    pages = [(n, f"{n}.html") for n in names if n != "index"]
+    pages = [(n, f"{n}.html") for n in names if n != "index"] + [(g, f"{g}.html") for g in guide_names(root)]
     reports = [(f"report {ds}", f"report-{ds}-{r.name}.html") for ds, r in zip(datasets, runs)]
     for outcome in MATH_LOG.values():
         outcome.clear()
@@ -448,6 +497,7 @@ def build_site(out: Path | None = None, runs: list[Path] | None = None, notebook
         target.parent.mkdir(parents=True, exist_ok=True)
         nav = _nav(pages + reports, name.count("/"))
         atomic_write_text(target, page_html(nbformat.read(source, as_version=4), nav))
+    _write_guides(root, out, pages + reports)
     for r, (_, target) in zip(runs, reports):
         shutil.copy(r / "report.html", out / target)
     if "index" not in names:   # a partial build still has a landing page
