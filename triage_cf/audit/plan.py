@@ -38,7 +38,7 @@ N_REF = 134_515_008
 # %% ../../nbs/1_audit/11_plan.ipynb #5440a5d4
 #: CPU throughputs measured on the development machine (2 idle cores) and where each comes from.
 CPU_MEASURED = {
-    "lora_train_tokens_per_s": 237.0,       # README (cpu-ft run, idle); benchmarks/results/inference.json train: 238.7
+    "lora_train_tokens_per_s": 237.0,       # a cpu-ft run on the idle machine; inference.json train: 238.7
     # inference.json paths.fast (chain default) x mean prompt tokens
     "score_tokens_per_s": 2.981937672054511 * 264.1953125,
     # make reproduce, 2026-12-01 (two runs): 03_split, 03e, 05, 09 of both cohorts, 8.9-13.3 s
