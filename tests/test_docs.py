@@ -133,6 +133,21 @@ def test_the_readme_is_generated_from_the_front_door_notebook():
 
 
 
+def test_every_relative_link_resolves_in_the_repository():
+    """Where a reader meets the sources, JupyterLab on nbs/ and GitHub: every relative markdown link of the notebooks,
+    the guides (docs_src/) and README.md leads to a file of the repository (`/docs_src/x.md` would work on GitHub
+    only, not in JupyterLab)."""
+    link = re.compile(r"\]\(((?![a-z]+:|#)[^)\s]+)\)")
+    texts = [(nb, "".join(c["source"])) for nb in sorted((REPO / "nbs").rglob("*.ipynb"))
+             if ".ipynb_checkpoints" not in nb.parts
+             for c in json.loads(nb.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "markdown"]
+    texts += [(md, md.read_text(encoding="utf-8")) for md in [*sorted((REPO / "docs_src").glob("*.md")), REPO / "README.md"]]
+    links = [(f, m.group(1)) for f, text in texts for m in link.finditer(text)]
+    broken = [f"{f.relative_to(REPO)}: {target}" for f, target in links
+              if target.startswith("/") or not (f.parent / target.partition("#")[0]).exists()]
+    assert len(links) > 100 and broken == [], broken
+
+
 class _Links(HTMLParser):
     "The targets a page links to or loads (`a`/`link` href, `img`/`script` src) and the anchors it has (ids)."
     def __init__(self):
