@@ -148,6 +148,21 @@ def test_every_relative_link_resolves_in_the_repository():
     assert len(links) > 100 and broken == [], broken
 
 
+def test_the_chapters_built_for_the_site_show_the_users_runs_not_their_own_examples(tmp_path, monkeypatch):
+    """`make docs` sends the chapters' example runs to a cache folder (they must not land among the user's runs), while
+    a chapter that shows measured results (the metrics chapter's table of default runs) reads `shown_runs_root`: the
+    runs root the build started with."""
+    for var in ("TRIAGE_CF_RUNS", "TRIAGE_CF_SHOWN_RUNS"):     # recorded, so that both come back after the test
+        monkeypatch.setenv(var, "x")
+        monkeypatch.delenv(var)
+    from triage_cf.core import repo_root, runs_root, shown_runs_root
+    mine = runs_root()
+    with contextlib.redirect_stdout(io.StringIO()):
+        docs.build_site(tmp_path / "site", notebooks=["2_margins/00_measures"], execute=False)
+    assert shown_runs_root() == mine == repo_root() / "runs"
+    assert runs_root() == repo_root() / ".cache" / "docs" / "runs"
+
+
 class _Links(HTMLParser):
     "The targets a page links to or loads (`a`/`link` href, `img`/`script` src) and the anchors it has (ids)."
     def __init__(self):

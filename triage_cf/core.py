@@ -32,10 +32,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # %% auto #0
 __all__ = ['TEXT_COLUMNS', 'VIEWS', 'ACCESS_LEVELS', 'AGGREGATE_ONLY', 'MIN_CELL', 'PRIMARY', 'COMPLEMENTARY', 'CHAIN_ENV',
            'repo_root', 'data_root', 'manifest_dir', 'resource_path', 'is_missing', 'read_yaml', 'read_manifest',
-           'deep_merge', 'load_params', 'RunPaths', 'runs_root', 'run_dir_for', 'AccessPolicy', 'policy_for_dataset',
-           'policy_for_run', 'count_columns', 'suppress_small_cells', 'sha256_file', 'sha256_text', 'file_sha256',
-           'atomic_write_bytes', 'atomic_write_text', 'write_json', 'write_parquet', 'read_parquet', 'write_table',
-           'read_table', 'save_figure', 'seed_everything', 'in_chain']
+           'deep_merge', 'load_params', 'RunPaths', 'runs_root', 'run_dir_for', 'shown_runs_root', 'AccessPolicy',
+           'policy_for_dataset', 'policy_for_run', 'count_columns', 'suppress_small_cells', 'sha256_file',
+           'sha256_text', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'write_json', 'write_parquet',
+           'read_parquet', 'write_table', 'read_table', 'save_figure', 'seed_everything', 'in_chain']
 
 # %% ../nbs/0_shared/00_core.ipynb #107295d5
 def repo_root() -> Path:
@@ -173,6 +173,13 @@ def runs_root() -> Path:
 def run_dir_for(dataset: str, profile: str, out: str | Path | None = None) -> Path:
     "The run folder: `out` if given, else `<runs root>/<dataset>/<profile>/`."
     return Path(out).resolve() if out else runs_root() / dataset / profile
+
+# %% ../nbs/0_shared/00_core.ipynb #a7c31e12
+def shown_runs_root() -> Path:
+    """The run folders whose results a chapter shows: `$TRIAGE_CF_SHOWN_RUNS`, else `runs_root()`. The docs build sets
+    it to the runs root it started with, since it sends the chapters' own example runs to a cache folder."""
+    env = os.environ.get("TRIAGE_CF_SHOWN_RUNS")
+    return Path(env).resolve() if env else runs_root()
 
 # %% ../nbs/0_shared/00_core.ipynb #94dd4e7b
 AGGREGATE_ONLY = ("credentialed", "restricted")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import latex2mathml.converter
 
-from .core import atomic_write_text, repo_root
+from .core import atomic_write_text, repo_root, runs_root
 from .data import load_manifest
 
 # %% auto #0
@@ -486,6 +486,7 @@ def build_site(out: Path | None = None, runs: list[Path] | None = None, notebook
         check_notebook_is_public(root / "nbs" / f"{name}.ipynb")
     out.mkdir(parents=True, exist_ok=True)
     work = root / ".cache" / "docs" / "executed"  # executions and their synthetic runs: outside the site (gitignored)
+    os.environ.setdefault("TRIAGE_CF_SHOWN_RUNS", str(runs_root()))    # the chapters show the user's runs' results
     os.environ.setdefault("TRIAGE_CF_RUNS", str(root / ".cache" / "docs" / "runs"))
     pages = [(n, f"{n}.html") for n in names if n != "index"] + [(g, f"{g}.html") for g in guide_names(root)]
     reports = [(f"report {ds}", f"report-{ds}-{r.name}.html") for ds, r in zip(datasets, runs)]
