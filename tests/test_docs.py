@@ -99,6 +99,17 @@ def test_page_hides_hidden_cells_documents_exports_and_loads_nothing_remote():
     assert re.search(r"<body[^>]*><nav class='docs-nav'>NAV</nav>", page)
 
 
+def test_an_echo_false_cell_shows_its_output_without_its_code():
+    "The cells that render measured results from their files (`#| echo: false`) show the result, not the code."
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("#| echo: false\nMarkdown(_rows_from_results_json)", outputs=[
+                    nbformat.v4.new_output("display_data", data={"text/markdown": "measured: **2 runs**",
+                                                                 "text/plain": "<Markdown>"})]),
+                nbformat.v4.new_code_cell("shown_code(1)")]
+    page = docs.page_html(nb)
+    assert "<strong>2 runs</strong>" in page and "_rows_from_results_json" not in page and "shown_code" in page
+
+
 def test_the_site_keeps_the_folders_and_groups_its_navigation_by_part(tmp_path):
     for n in ["index", "1_audit/00_split", "1_audit/stages/03_split", "0_shared/stages/01_data", "0_shared/00_core",
               "1_audit/01_null_control", "2_margins/00_measures", "1_audit/.ipynb_checkpoints/00_split-checkpoint"]:

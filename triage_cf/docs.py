@@ -302,7 +302,8 @@ def _typeset_outputs(cell) -> None:
 # %% ../nbs/0_shared/08_docs.ipynb #42ed7c52
 def docs_notebook(nb):
     """The page version of an (executed) notebook: `#| hide` and `default_exp` cells left out, `#| export` cells shown
-    as show_doc blocks (their outputs dropped), other cells without their directive lines, formulas typeset."""
+    as show_doc blocks (their outputs dropped), `#| echo: false` cells without their code, other cells without their
+    directive lines, formulas typeset."""
     import nbformat
     out = copy.deepcopy(nb)
     cells = []
@@ -320,6 +321,8 @@ def docs_notebook(nb):
             continue
         if cell.cell_type == "code":
             cell.source = "\n".join(line for line in cell.source.splitlines() if not _DIRECTIVE.match(line))
+            if d.get("echo", "").strip(" :").lower() == "false":          # the output without its code
+                cell.metadata["transient"] = {"remove_source": True}
         cells.append(cell)
     for cell in cells:
         if cell.cell_type == "markdown":
