@@ -110,6 +110,19 @@ def test_an_echo_false_cell_shows_its_output_without_its_code():
     assert "<strong>2 runs</strong>" in page and "_rows_from_results_json" not in page and "shown_code" in page
 
 
+def test_importing_the_package_in_a_kernel_prints_no_progress_bar_warning():
+    """tqdm.auto, in a Jupyter kernel without ipywidgets, warns with the environment's path at its import: the front
+    door's example printed it on the site. The package imports it with that message filtered."""
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import triage_cf.audit.metrics\nfrom tqdm.auto import tqdm\n"
+                                          "print([c.__module__ for c in tqdm.__mro__])")]
+    NotebookClient(nb, kernel_name="python3", timeout=300).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "TqdmWarning" not in text and "IProgress" not in text, text
+    assert "tqdm.std" in text and "tqdm.notebook" not in text, text     # text bars
+
+
 def test_the_site_keeps_the_folders_and_groups_its_navigation_by_part(tmp_path):
     for n in ["index", "1_audit/00_split", "1_audit/stages/03_split", "0_shared/stages/01_data", "0_shared/00_core",
               "1_audit/01_null_control", "2_margins/00_measures", "1_audit/.ipynb_checkpoints/00_split-checkpoint"]:
